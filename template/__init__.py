@@ -1,0 +1,1 @@
+"""A PyTorch Lightning training template that keeps the GPU busy."""

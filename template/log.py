@@ -1,0 +1,60 @@
+"""Rank-aware logging: a line is written once, by rank zero, unless it is about one rank.
+
+Under DDP every rank runs the same code, so a plain ``logging`` call prints N times.
+``get_logger`` returns a logger whose calls are dropped on ranks other than zero; pass
+``rank_zero_only=False`` for a message that is genuinely per-rank, and it is prefixed
+with the rank that wrote it.
+
+Example::
+
+    log = get_logger(__name__)
+    log.info("run directory: %s", run_dir)                      # once
+    log.warning("no GPU visible", rank_zero_only=False)         # "[rank 1] no GPU visible"
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any
+
+from lightning.fabric.utilities.rank_zero import rank_zero_only
+
+_FORMAT = "%(asctime)s %(levelname)s %(message)s"
+
+
+def current_rank() -> int:
+    # Lightning sets this from the launcher's environment at import and from the strategy
+    # once the process group exists, so it is the global rank wherever it is read.
+    return getattr(rank_zero_only, "rank", 0) or 0
+
+
+class RankedLogger(logging.LoggerAdapter):
+    """A ``LoggerAdapter`` that writes on rank zero only, or on every rank with a prefix."""
+
+    def log(self, level: int, msg: object, *args: Any, rank_zero_only: bool = True, **kw: Any):
+        if not self.isEnabledFor(level):
+            return
+        rank = current_rank()
+        if rank_zero_only:
+            if rank != 0:
+                return
+        else:
+            msg = f"[rank {rank}] {msg}"
+        self.logger.log(level, msg, *args, **kw)
+
+
+def get_logger(name: str) -> RankedLogger:
+    return RankedLogger(logging.getLogger(name), {})
+
+
+def setup_logging(level: int = logging.INFO) -> None:
+    """Send the template's log lines to stderr with a timestamp (idempotent)."""
+    root = logging.getLogger("template")
+    if not any(getattr(h, "_template", False) for h in root.handlers):
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter(_FORMAT, datefmt="%H:%M:%S"))
+        handler._template = True
+        root.addHandler(handler)
+    root.setLevel(level)
+    root.propagate = False

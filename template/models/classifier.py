@@ -1,0 +1,156 @@
+"""The example LightningModule: a CIFAR ResNet trained with SGD and a one-cycle schedule.
+
+The training step reads nothing back to the host: loss and accuracy accumulate in
+torchmetrics state on the device, and are reduced over ranks (one collective, on every
+rank) only on the steps whose metrics Lightning writes, every ``log_every_n_steps``.
+
+Example::
+
+    model = ImageClassifier(num_classes=10, width=64)   # ResNet-18
+    trainer.fit(model, datamodule=ImageDataModule())
+"""
+
+from __future__ import annotations
+
+import lightning.pytorch as pl
+import torch
+import torch.nn.functional as F
+from torchmetrics import MeanMetric
+from torchmetrics.classification import MulticlassAccuracy
+
+from template.errors import UserError
+from template.lightning_compat import is_logging_step
+from template.models.resnet import cifar_resnet
+
+
+def _accuracy(num_classes: int) -> MulticlassAccuracy:
+    # micro average + no validation: the update is a compare-and-sum on the device. The
+    # defaults run argument checks and a bincount that read back to the host every step.
+    return MulticlassAccuracy(num_classes, average="micro", validate_args=False)
+
+
+def _mean() -> MeanMetric:
+    # "disable": no NaN check, which would be an `if tensor.any()` (a host read) per update.
+    return MeanMetric(nan_strategy="disable")
+
+
+class ImageClassifier(pl.LightningModule):
+    """Image classifier over :func:`cifar_resnet`.
+
+    Args:
+        num_classes: linked from the DataModule by the CLI.
+        depth: 18 or 34; width: channels of the first stage (64 is the standard ResNet).
+        lr: peak learning rate of the one-cycle schedule, for ``lr_batch_size`` images per step
+            summed over ranks; scaled linearly to the actual global batch.
+        channels_last: channels-last weights and inputs; ``None`` means on for CUDA.
+        compile: wrap the network in ``torch.compile``.
+    """
+
+    def __init__(
+        self,
+        num_classes: int = 10,
+        depth: int = 18,
+        width: int = 64,
+        lr: float = 0.4,
+        lr_batch_size: int = 256,
+        momentum: float = 0.9,
+        weight_decay: float = 5e-4,
+        label_smoothing: float = 0.0,
+        warmup_fraction: float = 0.2,
+        channels_last: bool | None = None,
+        compile: bool = False,
+    ) -> None:
+        super().__init__()
+        if num_classes < 2:
+            raise UserError(f"model.num_classes must be at least 2, got {num_classes}")
+        if not 0.0 < warmup_fraction < 1.0:
+            raise UserError(f"model.warmup_fraction must be in (0, 1), got {warmup_fraction}")
+        try:
+            self.net = cifar_resnet(num_classes, depth=depth, width=width)
+        except ValueError as e:
+            raise UserError(f"model: {e}") from None
+        self.save_hyperparameters()
+        self.train_loss, self.train_acc = _mean(), _accuracy(num_classes)
+        self.val_loss, self.val_acc = _mean(), _accuracy(num_classes)
+        self._channels_last = False
+
+    def configure_model(self) -> None:
+        if self.hparams.compile and not isinstance(self.net, torch._dynamo.OptimizedModule):
+            self.net = torch.compile(self.net)
+
+    def setup(self, stage: str) -> None:
+        channels_last = self.hparams.channels_last
+        if channels_last is None:
+            channels_last = self.trainer.strategy.root_device.type == "cuda"
+        self._channels_last = channels_last
+        if channels_last:
+            self.net.to(memory_format=torch.channels_last)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        if self._channels_last:
+            images = images.contiguous(memory_format=torch.channels_last)
+        return self.net(images)
+
+    def training_step(self, batch, batch_idx: int) -> torch.Tensor:
+        images, labels = batch
+        logits = self(images)
+        loss = F.cross_entropy(logits, labels, label_smoothing=self.hparams.label_smoothing)
+        self.train_loss.update(loss.detach())
+        self.train_acc.update(logits.detach(), labels)
+        if is_logging_step(self.trainer):
+            # Mean over the steps since the last log, over all ranks: compute() all-gathers
+            # on every rank; Lightning's logger then writes on rank zero.
+            self.log_dict(
+                {"train/loss": self.train_loss.compute(), "train/acc": self.train_acc.compute()},
+                prog_bar=True,
+            )
+            self.train_loss.reset()
+            self.train_acc.reset()
+        return loss
+
+    def validation_step(self, batch, batch_idx: int) -> None:
+        images, labels = batch
+        logits = self(images)
+        self.val_loss.update(F.cross_entropy(logits, labels), weight=labels.numel())
+        self.val_acc.update(logits, labels)
+
+    def on_validation_epoch_end(self) -> None:
+        # Lightning calls compute() (reduced over ranks) and reset() on logged metric objects.
+        self.log("val/loss", self.val_loss)
+        self.log("val/acc", self.val_acc, prog_bar=True)
+
+    def on_train_epoch_start(self) -> None:
+        # Drop a partial interval left over from the last epoch so each logged mean is
+        # over steps of one epoch.
+        self.train_loss.reset()
+        self.train_acc.reset()
+
+    def configure_optimizers(self):
+        hp = self.hparams
+        global_batch = (
+            self.trainer.world_size * self._batch_size() * self.trainer.accumulate_grad_batches
+        )
+        lr = hp.lr * global_batch / hp.lr_batch_size
+        # No weight decay on BatchNorm and bias parameters (standard for ResNets).
+        decay = [p for p in self.parameters() if p.ndim > 1]
+        no_decay = [p for p in self.parameters() if p.ndim <= 1]
+        optimizer = torch.optim.SGD(
+            [{"params": decay, "weight_decay": hp.weight_decay}, {"params": no_decay}],
+            lr=lr,
+            momentum=hp.momentum,
+            nesterov=True,
+        )
+        scheduler = torch.optim.lr_scheduler.OneCycleLR(
+            optimizer,
+            max_lr=lr,
+            total_steps=max(1, int(self.trainer.estimated_stepping_batches)),
+            pct_start=hp.warmup_fraction,
+        )
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": {"scheduler": scheduler, "interval": "step"},
+        }
+
+    def _batch_size(self) -> int:
+        datamodule = self.trainer.datamodule
+        return getattr(datamodule, "batch_size", self.hparams.lr_batch_size)

@@ -1,0 +1,161 @@
+"""Entry point: ``python -m template.train fit --config configs/default.yaml [--key=value ...]``.
+
+A ``LightningCLI`` over :class:`ImageClassifier` and :class:`ImageDataModule`, with three
+additions:
+
+- ``trainer.precision: null`` (the default) resolves to bf16 mixed precision on a GPU that
+  supports it and to fp32 elsewhere;
+- ``--ckpt_path last`` finds the newest ``last.ckpt`` of this run name under ``runs/``;
+- a mistake a user can fix (a bad key or value, a missing file, more GPUs than exist, a
+  path that is not a checkpoint) is one line on stderr and exit code 2, not a traceback,
+  and it is caught before any DDP process is spawned.
+"""
+
+from __future__ import annotations
+
+import sys
+import zipfile
+from pathlib import Path
+
+import torch
+from jsonargparse import ArgumentError
+from lightning.fabric.utilities.exceptions import MisconfigurationException
+from lightning.pytorch.cli import LightningCLI
+
+from template.data import ImageDataModule
+from template.errors import UserError
+from template.log import get_logger, setup_logging
+from template.models import ImageClassifier
+
+log = get_logger(__name__)
+
+USAGE_HINT = "python -m template.train fit --help lists every option"
+
+
+def _requested_gpus(accelerator: str, devices) -> int | None:
+    """How many GPUs the trainer settings ask for, or None when they ask for none."""
+    if accelerator not in ("gpu", "cuda"):
+        return None
+    if isinstance(devices, int):
+        return devices if devices >= 0 else None  # -1 means "all"
+    if isinstance(devices, str):
+        if devices in ("auto", "-1"):
+            return None
+        if devices.strip().lstrip("-").isdigit():
+            return int(devices)
+        return len([d for d in devices.split(",") if d.strip()])
+    if isinstance(devices, list | tuple):
+        return len(devices)
+    return None
+
+
+def check_devices(accelerator: str, devices) -> None:
+    """Refuse, before anything is spawned, to run on more GPUs than this machine has."""
+    wanted = _requested_gpus(accelerator, devices)
+    found = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if accelerator in ("gpu", "cuda") and found == 0:
+        raise UserError(
+            "asked for GPU training but found no CUDA device; run `make train` (uses the CPU "
+            "here) or `make train ACCELERATOR=cpu DEVICES=2` for 2-process DDP on the CPU"
+        )
+    if wanted is not None and wanted > found:
+        raise UserError(
+            f"asked for {wanted} GPUs but found {found}; run `make train GPUS={found}`, or "
+            f"`make train ACCELERATOR=cpu DEVICES={wanted}` for {wanted}-process DDP on the CPU"
+        )
+
+
+def resolve_precision(accelerator: str) -> str:
+    on_gpu = accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available())
+    if on_gpu:
+        return "bf16-mixed" if torch.cuda.is_bf16_supported() else "16-mixed"
+    return "32-true"
+
+
+def check_checkpoint(path: str) -> None:
+    """A checkpoint given by path must exist and be a file ``torch.save`` wrote."""
+    file = Path(path).expanduser()
+    if not file.exists():
+        raise UserError(f"checkpoint {file} does not exist; use --ckpt_path last or a .ckpt file")
+    if not file.is_file():
+        raise UserError(f"checkpoint {file} is not a file")
+    # torch.save writes a zip archive holding a data.pkl: anything else is not a checkpoint.
+    try:
+        with zipfile.ZipFile(file) as archive:
+            is_torch = any(name.endswith("data.pkl") for name in archive.namelist())
+    except (zipfile.BadZipFile, OSError):
+        is_torch = False
+    if not is_torch:
+        raise UserError(f"{file} is not a checkpoint written by torch.save / Lightning")
+
+
+def find_last_checkpoint(run_root: Path) -> Path | None:
+    """The newest ``last.ckpt`` of any version under ``run_root`` (``runs/<name>``)."""
+    candidates = sorted(
+        run_root.glob("version_*/checkpoints/last*.ckpt"), key=lambda p: p.stat().st_mtime
+    )
+    return candidates[-1] if candidates else None
+
+
+class TemplateCLI(LightningCLI):
+    def add_arguments_to_parser(self, parser) -> None:
+        # The DataModule knows its classes (for an image folder, after scanning it).
+        parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate")
+
+    def parse_arguments(self, parser, args) -> None:
+        super().parse_arguments(parser, args)
+        # Check a checkpoint path before LightningCLI opens the file to read its hyperparameters.
+        subcommand = self.config.get("subcommand")
+        ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        if ckpt_path and ckpt_path not in ("last", "best", "hpc", "registry"):
+            check_checkpoint(ckpt_path)
+
+    def before_instantiate_classes(self) -> None:
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        trainer = config.trainer
+        accelerator = str(trainer.accelerator)
+        check_devices(accelerator, trainer.devices)
+        if trainer.precision is None:
+            trainer.precision = resolve_precision(accelerator)
+
+    def before_fit(self) -> None:
+        # Lightning's own "last" looks only in this run's new version directory; resuming
+        # means the newest last.ckpt of any earlier version of this run name.
+        config = self.config_init[self.subcommand]
+        if config.get("ckpt_path") != "last":
+            return
+        logger = self.trainer.logger
+        root = Path(logger.root_dir) if logger is not None else Path(self.trainer.default_root_dir)
+        last = find_last_checkpoint(root)
+        if last is None:
+            log.warning("--ckpt_path last: no last.ckpt under %s; training from scratch", root)
+            config["ckpt_path"] = None
+        else:
+            log.info("resuming from %s", last)
+            config["ckpt_path"] = str(last)
+
+
+def main(args: list[str] | None = None) -> int:
+    setup_logging()
+    torch.set_float32_matmul_precision("high")  # TF32 matmuls on Ampere and newer GPUs
+    try:
+        TemplateCLI(
+            ImageClassifier,
+            ImageDataModule,
+            # A resumed or repeated run writes its config next to its own logs.
+            save_config_kwargs={"overwrite": True},
+            parser_kwargs={"exit_on_error": False},
+            args=args,
+        )
+    except (UserError, MisconfigurationException) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except ArgumentError as e:
+        message = " ".join(str(e).split())
+        print(f"error: {message} ({USAGE_HINT})", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -29,6 +29,18 @@ def current_rank() -> int:
     return getattr(rank_zero_only, "rank", 0) or 0
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is at the time of the call (pytest swaps it)."""
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:
+        pass
+
+
 class RankedLogger(logging.LoggerAdapter):
     """A ``LoggerAdapter`` that writes on rank zero only, or on every rank with a prefix."""
 
@@ -45,16 +57,21 @@ class RankedLogger(logging.LoggerAdapter):
 
 
 def get_logger(name: str) -> RankedLogger:
-    return RankedLogger(logging.getLogger(name), {})
+    logger = logging.getLogger(name)
+    if logger.level == logging.NOTSET:
+        logger.setLevel(logging.INFO)  # other libraries stay at the root's WARNING
+    return RankedLogger(logger, {})
 
 
-def setup_logging(level: int = logging.INFO) -> None:
-    """Send the template's log lines to stderr with a timestamp (idempotent)."""
-    root = logging.getLogger("template")
+def setup_logging() -> None:
+    """Send log lines to stderr with a timestamp; idempotent.
+
+    The handler sits on the root logger so loggers from ``get_logger`` in your own modules
+    print too. Lightning's loggers do not propagate to the root, so nothing is doubled.
+    """
+    root = logging.getLogger()
     if not any(getattr(h, "_template", False) for h in root.handlers):
-        handler = logging.StreamHandler(sys.stderr)
+        handler = _StderrHandler()
         handler.setFormatter(logging.Formatter(_FORMAT, datefmt="%H:%M:%S"))
         handler._template = True
         root.addHandler(handler)
-    root.setLevel(level)
-    root.propagate = False

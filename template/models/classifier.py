@@ -1,4 +1,4 @@
-"""The example LightningModule: a CIFAR ResNet trained with SGD and a one-cycle schedule.
+"""The example LightningModule: a CIFAR ResNet trained with SGD, warm-up and cosine decay.
 
 The training step reads nothing back to the host: loss and accuracy accumulate in
 torchmetrics state on the device, and are reduced over ranks (one collective, on every
@@ -11,6 +11,8 @@ Example::
 """
 
 from __future__ import annotations
+
+import math
 
 import lightning.pytorch as pl
 import torch
@@ -40,7 +42,7 @@ class ImageClassifier(pl.LightningModule):
     Args:
         num_classes: linked from the DataModule by the CLI.
         depth: 18 or 34; width: channels of the first stage (64 is the standard ResNet).
-        lr: peak learning rate of the one-cycle schedule, for ``lr_batch_size`` images per step
+        lr: peak learning rate (after warm-up), for ``lr_batch_size`` images per step
             summed over ranks; scaled linearly to the actual global batch.
         channels_last: channels-last weights and inputs; ``None`` means on for CUDA.
         compile: wrap the network in ``torch.compile``.
@@ -140,16 +142,24 @@ class ImageClassifier(pl.LightningModule):
             momentum=hp.momentum,
             nesterov=True,
         )
-        scheduler = torch.optim.lr_scheduler.OneCycleLR(
-            optimizer,
-            max_lr=lr,
-            total_steps=max(1, int(self.trainer.estimated_stepping_batches)),
-            pct_start=hp.warmup_fraction,
-        )
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, self._lr_factor)
         return {
             "optimizer": optimizer,
             "lr_scheduler": {"scheduler": scheduler, "interval": "step"},
         }
+
+    def _lr_factor(self, step: int) -> float:
+        """Linear warm-up from lr/25, then a cosine decay to zero at the last step.
+
+        The length is read from the trainer at every step, so a run resumed with a larger
+        ``max_epochs`` stretches the schedule instead of failing past its end.
+        """
+        total = max(1, int(self.trainer.estimated_stepping_batches))
+        warmup = max(1, int(total * self.hparams.warmup_fraction))
+        if step < warmup:
+            return 0.04 + 0.96 * step / warmup
+        progress = min(1.0, (step - warmup) / max(1, total - warmup))
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
 
     def _batch_size(self) -> int:
         datamodule = self.trainer.datamodule

@@ -1,0 +1,86 @@
+from __future__ import annotations
+
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = ROOT / "configs"
+DEFAULT = str(CONFIGS / "default.yaml")
+DEBUG = str(CONFIGS / "debug.yaml")
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+def write_cifar10(root: Path, per_batch: int = 20, seed: int = 0) -> dict[str, np.ndarray]:
+    """Write a tiny CIFAR-10 in its own on-disk format; returns the arrays written."""
+    folder = root / "cifar-10-batches-py"
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(seed)
+    written = {}
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        data = rng.integers(0, 256, size=(per_batch, 3072), dtype=np.uint8)
+        labels = [int(x) for x in rng.integers(0, 10, size=per_batch)]
+        entry = {b"batch_label": name.encode(), b"labels": labels, b"data": data}
+        with (folder / name).open("wb") as f:
+            pickle.dump(entry, f)
+        written[name] = (data, labels)
+    with (folder / "batches.meta").open("wb") as f:
+        pickle.dump({b"label_names": [b"c%d" % i for i in range(10)]}, f)
+    return written
+
+
+@pytest.fixture
+def cifar_root(tmp_path: Path) -> tuple[Path, dict]:
+    root = tmp_path / "cifar"
+    return root, write_cifar10(root)
+
+
+@pytest.fixture
+def image_folder(tmp_path: Path) -> Path:
+    """data/train/<class>/*.png and data/val/<class>/*.png with images of varied sizes."""
+    from PIL import Image
+
+    root = tmp_path / "images"
+    g = torch.Generator().manual_seed(0)
+    for split, count in (("train", 6), ("val", 2)):
+        for cls in ("cats", "dogs", "owls"):
+            (root / split / cls).mkdir(parents=True)
+            for i in range(count):
+                h, w = 20 + 7 * i, 40 - 3 * i
+                pixels = torch.randint(0, 256, (h, w, 3), dtype=torch.uint8, generator=g)
+                Image.fromarray(pixels.numpy()).save(root / split / cls / f"{i}.png")
+    return root
+
+
+@pytest.fixture
+def in_tmp(tmp_path: Path, monkeypatch) -> Path:
+    """Run in a temporary directory so runs/ and data/ land there."""
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def run_entry_point(args: list[str], cwd: Path, timeout: float = 240, env: dict | None = None):
+    """Run ``python -m template.train`` as a user would; returns the CompletedProcess."""
+    full_env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-m", "template.train", *args],
+        cwd=cwd,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )

@@ -1,0 +1,52 @@
+"""Multi-node launch: the Trainer reads torchrun's and SLURM's variables (no real run)."""
+
+from __future__ import annotations
+
+import lightning.pytorch as pl
+import pytest
+from lightning.fabric.plugins.environments import SLURMEnvironment, TorchElasticEnvironment
+
+CLUSTER_VARS = (
+    "RANK", "LOCAL_RANK", "GROUP_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+    "MASTER_PORT", "TORCHELASTIC_RUN_ID", "NODE_RANK",
+)  # fmt: skip
+
+
+@pytest.fixture
+def clean_env(monkeypatch):
+    import os
+
+    for name in list(os.environ):
+        if name in CLUSTER_VARS or name.startswith("SLURM_"):
+            monkeypatch.delenv(name)
+    return monkeypatch
+
+
+def test_torchrun_variables(clean_env):
+    # torchrun --nnodes=2 --nproc-per-node=2: this is the second process of the second node.
+    for name, value in {
+        "RANK": "3", "LOCAL_RANK": "1", "GROUP_RANK": "1", "WORLD_SIZE": "4",
+        "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "node0", "MASTER_PORT": "29500",
+        "TORCHELASTIC_RUN_ID": "job",
+    }.items():  # fmt: skip
+        clean_env.setenv(name, value)
+    trainer = pl.Trainer(accelerator="cpu", devices=2, num_nodes=2, strategy="ddp", logger=False)
+    assert isinstance(trainer.strategy.cluster_environment, TorchElasticEnvironment)
+    assert (trainer.world_size, trainer.global_rank) == (4, 3)
+    assert (trainer.node_rank, trainer.local_rank) == (1, 1)
+
+
+def test_slurm_variables(clean_env):
+    # sbatch --nodes=2 --ntasks-per-node=2, srun: the first task of the second node.
+    for name, value in {
+        "SLURM_NTASKS": "4", "SLURM_NTASKS_PER_NODE": "2", "SLURM_PROCID": "2",
+        "SLURM_LOCALID": "0", "SLURM_NODEID": "1", "SLURM_NODELIST": "gpu[01-02]",
+        "SLURM_JOB_ID": "1234", "SLURM_JOB_NAME": "train",
+    }.items():  # fmt: skip
+        clean_env.setenv(name, value)
+    trainer = pl.Trainer(accelerator="cpu", devices=2, num_nodes=2, strategy="ddp", logger=False)
+    environment = trainer.strategy.cluster_environment
+    assert isinstance(environment, SLURMEnvironment)
+    assert (trainer.world_size, trainer.global_rank) == (4, 2)
+    assert (trainer.node_rank, trainer.local_rank) == (1, 0)
+    assert environment.main_address == "gpu01"

@@ -1,0 +1,152 @@
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from template.data import ImageDataModule
+from template.data.augment import DeviceAugment
+from template.data.datamodule import default_num_workers
+from template.data.sources import FolderImages, load_cifar10
+from template.data.synthetic import CLASSES, make_shapes
+from template.errors import UserError
+
+
+def test_synthetic_is_deterministic_balanced_uint8():
+    a_images, a_labels = make_shapes(200, seed=3)
+    b_images, b_labels = make_shapes(200, seed=3)
+    c_images, _ = make_shapes(200, seed=4)
+    assert a_images.dtype == torch.uint8 and a_images.shape == (200, 3, 32, 32)
+    assert torch.equal(a_images, b_images) and torch.equal(a_labels, b_labels)
+    assert not torch.equal(a_images, c_images)
+    assert torch.bincount(a_labels, minlength=len(CLASSES)).tolist() == [20] * len(CLASSES)
+
+
+def test_synthetic_classes_differ_by_shape_not_colour():
+    images, labels = make_shapes(2000, seed=0)
+    # Mean colour per class is nearly the same: colour alone cannot tell classes apart.
+    means = torch.stack([images[labels == c].float().mean((0, 2, 3)) for c in range(10)])
+    assert (means.max(0).values - means.min(0).values).max() < 40
+    # But a shape statistic does: the fraction of edge pixels differs between disks and stripes.
+    grey = images.float().mean(1)
+    edges = (grey[:, :, 1:] - grey[:, :, :-1]).abs().gt(40).float().mean((1, 2))
+    assert edges[labels == CLASSES.index("v-stripes")].mean() > 3 * edges[labels == 0].mean()
+
+
+def test_cifar10_reader_reads_own_format_offline(cifar_root):
+    root, written = cifar_root
+    images, labels = load_cifar10(root, train=True, download=False)
+    assert images.shape == (100, 3, 32, 32) and images.dtype == torch.uint8
+    first_data, first_labels = written["data_batch_1"]
+    # Row-major 3072 bytes are channel planes: R (1024), G, B.
+    assert torch.equal(images[0, 1].flatten(), torch.from_numpy(first_data[0, 1024:2048]))
+    assert labels[:20].tolist() == first_labels
+    last_data, _ = written["data_batch_5"]
+    assert torch.equal(images[-1].flatten(), torch.from_numpy(last_data[-1]))
+    test_images, test_labels = load_cifar10(root, train=False, download=False)
+    assert len(test_images) == len(test_labels) == 20
+
+
+def test_cifar10_missing_offline_says_where_and_how(tmp_path):
+    with pytest.raises(UserError) as e:
+        load_cifar10(tmp_path / "none", train=True, download=False)
+    message = str(e.value)
+    assert str(tmp_path / "none" / "cifar-10-batches-py") in message
+    assert "cifar-10-python.tar.gz" in message and "\n" not in message
+
+
+def test_cifar10_failed_download_is_a_user_error(tmp_path, monkeypatch):
+    import torchvision.datasets
+
+    class Offline:
+        def __init__(self, *args, **kwargs):
+            raise OSError("Name or service not known")
+
+    monkeypatch.setattr(torchvision.datasets, "CIFAR10", Offline)
+    with pytest.raises(UserError, match="download failed"):
+        load_cifar10(tmp_path, train=True, download=True)
+
+
+def test_cifar10_corrupt_file_is_a_user_error(cifar_root):
+    root, _ = cifar_root
+    (root / "cifar-10-batches-py" / "data_batch_3").write_bytes(b"not a pickle")
+    with pytest.raises(UserError, match="data_batch_3 is not a CIFAR-10 batch"):
+        load_cifar10(root, train=True, download=False)
+
+
+def test_image_folder_yields_fixed_size_uint8(image_folder):
+    ds = FolderImages(image_folder / "train", image_size=16)
+    assert ds.classes == ["cats", "dogs", "owls"] and len(ds) == 18
+    image, label = ds[7]
+    assert image.shape == (3, 16, 16) and image.dtype == torch.uint8 and label == 1
+
+
+def test_image_folder_missing_is_a_user_error(tmp_path):
+    with pytest.raises(UserError, match="does not exist"):
+        ImageDataModule(dataset="folder", data_dir=str(tmp_path / "nothing"))
+
+
+def test_datamodule_folder_reads_classes_and_batches(image_folder):
+    dm = ImageDataModule(dataset="folder", data_dir=str(image_folder), batch_size=4, image_size=8)
+    assert dm.num_classes == 3
+    dm.setup("fit")
+    images, labels = next(iter(dm.val_dataloader()))
+    assert labels.tolist() == [0, 0, 1, 1]
+    assert images.shape == (4, 3, 8, 8) and images.dtype == torch.uint8
+
+
+def test_augment_eval_only_normalises():
+    mean, std = (0.5, 0.25, 0.75), (0.2, 0.5, 0.1)
+    augment = DeviceAugment(mean, std)
+    images = torch.randint(0, 256, (4, 3, 8, 8), dtype=torch.uint8)
+    out = augment(images, train=False)
+    expected = (images.float() / 255 - torch.tensor(mean).view(1, 3, 1, 1)) / torch.tensor(
+        std
+    ).view(1, 3, 1, 1)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, expected)
+
+
+def test_augment_train_crops_a_window_of_the_padded_image():
+    torch.manual_seed(0)
+    augment = DeviceAugment(mean=(0, 0, 0), std=(1 / 255,) * 3, padding=2, flip=False)
+    images = torch.randint(1, 256, (16, 3, 6, 6), dtype=torch.uint8)
+    out = augment(images, train=True)  # scale 1: values equal the uint8 input
+    padded = F.pad(images, (2, 2, 2, 2)).float()
+    shifts = set()
+    for i in range(16):
+        matches = [
+            (dy, dx)
+            for dy in range(5)
+            for dx in range(5)
+            if torch.equal(out[i], padded[i, :, dy : dy + 6, dx : dx + 6])
+        ]
+        assert len(matches) == 1, f"image {i} is not one window of its padded input"
+        shifts.add(matches[0])
+    assert len(shifts) > 1, "every image got the same crop: the offsets are not per image"
+
+
+def test_augment_flips_about_half_horizontally():
+    torch.manual_seed(0)
+    augment = DeviceAugment(mean=(0, 0, 0), std=(1 / 255,) * 3, padding=0, flip=True)
+    images = torch.randint(0, 256, (200, 3, 4, 4), dtype=torch.uint8)
+    out = augment(images, train=True)
+    pairs = list(zip(out, images.float(), strict=True))
+    same = torch.tensor([torch.equal(o, i) for o, i in pairs])
+    flipped = torch.tensor([torch.equal(o, i.flip(-1)) for o, i in pairs])
+    assert bool((same | flipped).all())
+    assert 60 < int(flipped.sum()) < 140
+
+
+def test_augment_rejects_float_input():
+    with pytest.raises(TypeError, match="uint8"):
+        DeviceAugment()(torch.zeros(2, 3, 4, 4), train=False)
+
+
+def test_worker_count_follows_cores(monkeypatch):
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(16)))
+    assert default_num_workers(1) == 8  # capped
+    assert default_num_workers(4) == 3
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1})
+    assert default_num_workers(1) == 1
+    assert default_num_workers(2) == 0

@@ -1,0 +1,49 @@
+"""A real 2-process DDP run of the entry point on the CPU (gloo), as a subprocess."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+
+from template.data.synthetic import make_shapes
+from tests.conftest import DEBUG, DEFAULT, run_entry_point
+
+
+@pytest.mark.slow
+def test_two_rank_cpu_ddp_trains_disjoint_shards_and_logs_once(tmp_path):
+    size = 256
+    result = run_entry_point(
+        [
+            "fit", "--config", DEFAULT, "--config", DEBUG,
+            "--trainer.accelerator=cpu", "--trainer.devices=2",
+            "--trainer.callbacks+=tests.ddp_probe.RecordShards",
+            f"--data.synthetic_train_size={size}", "--data.batch_size=32",
+            "--data.augment=false", "--trainer.limit_train_batches=4",
+        ],
+        cwd=tmp_path,
+    )  # fmt: skip
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-3000:]
+
+    shards = [(tmp_path / "shards" / f"rank{r}.txt").read_text().splitlines() for r in (0, 1)]
+    # The run directory is the same on every rank.
+    assert shards[0][0] == shards[1][0]
+    rank0, rank1 = set(shards[0][1:]), set(shards[1][1:])
+    assert len(rank0) == len(rank1) == size // 2
+    assert not rank0 & rank1, "the ranks trained on overlapping images"
+    images, _ = make_shapes(size, seed=0)
+    everything = {hashlib.sha1(image.numpy().tobytes()).hexdigest() for image in images}
+    assert rank0 | rank1 == everything
+
+    # Rank-zero lines appear once; per-rank lines once per rank, each naming its rank.
+    assert output.count("run directory") == 1
+    assert output.count("fit done in") == 1
+    assert "over 2 process(es)" in output
+    assert output.count("[rank 0] trained on 128 images") == 1
+    assert output.count("[rank 1] trained on 128 images") == 1
+    # Files are written once, by rank zero: one version directory, one config.
+    versions = sorted(p.name for p in (tmp_path / "runs" / "debug").iterdir())
+    assert versions == ["version_0"]
+    assert (tmp_path / "runs" / "debug" / "version_0" / "config.yaml").is_file()
+    assert (tmp_path / "runs" / "debug" / "version_0" / "checkpoints" / "last.ckpt").is_file()

@@ -1,0 +1,170 @@
+"""The entry point as users call it: every config parses and fits, bad input is one line."""
+
+from __future__ import annotations
+
+import csv
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from template.train import main
+from tests.conftest import CONFIGS, DEBUG, DEFAULT, ROOT, run_entry_point
+
+OVERLAYS = sorted(p.name for p in CONFIGS.glob("*.yaml") if p.name != "default.yaml")
+# Small enough for a 2-core CI machine: a tiny model on a few batches.
+TINY = [
+    "--model.width=4",
+    "--data.synthetic_train_size=128",
+    "--data.synthetic_val_size=64",
+    "--data.batch_size=16",
+    "--trainer.limit_train_batches=2",
+    "--trainer.limit_val_batches=1",
+    "--trainer.enable_model_summary=false",
+]
+
+
+def fit(*args: str) -> int:
+    return main(["fit", "--config", DEFAULT, *args])
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, str]]:
+    with (run_dir / "metrics.csv").open() as f:
+        return list(csv.DictReader(f))
+
+
+def test_every_config_parses(capsys):
+    for name in ["default.yaml", *OVERLAYS]:
+        args = ["fit", "--config", DEFAULT, "--config", str(CONFIGS / name), "--print_config"]
+        with pytest.raises(SystemExit) as e:
+            main(args)
+        assert e.value.code in (0, None), name
+        assert "model:" in capsys.readouterr().out, name
+
+
+@pytest.mark.parametrize("overlay", ["default.yaml", "cpu.yaml", "debug.yaml"])
+def test_short_fit_of_synthetic_configs(in_tmp, overlay):
+    assert fit("--config", str(CONFIGS / overlay), "--trainer.max_epochs=1", *TINY) == 0
+    name = "debug" if overlay == "debug.yaml" else "default"
+    run_dir = in_tmp / "runs" / name / "version_0"
+    assert (run_dir / "checkpoints" / "last.ckpt").is_file()
+    assert (run_dir / "config.yaml").is_file()
+    assert any(row["val/acc"] for row in read_metrics(run_dir))
+
+
+def test_short_fit_of_cifar10_config_offline(in_tmp, cifar_root):
+    root, _ = cifar_root
+    args = ["--config", str(CONFIGS / "cifar10.yaml"), f"--data.data_dir={root}"]
+    assert fit(*args, "--data.download=false", "--trainer.max_epochs=1", *TINY) == 0
+    assert (in_tmp / "runs" / "cifar10" / "version_0" / "checkpoints" / "last.ckpt").is_file()
+
+
+def test_short_fit_of_folder_config(in_tmp, image_folder):
+    args = ["--config", str(CONFIGS / "folder.yaml"), f"--data.data_dir={image_folder}"]
+    assert fit(*args, "--data.image_size=16", "--trainer.max_epochs=1", *TINY) == 0
+    run_dir = in_tmp / "runs" / "folder" / "version_0"
+    assert "num_classes: 3" in (run_dir / "hparams.yaml").read_text()
+
+
+@pytest.mark.slow
+def test_default_pipeline_learns_far_above_chance(in_tmp):
+    # The embedded data has real class structure: a short run beats chance (10%) by far.
+    args = ["--config", str(CONFIGS / "cpu.yaml"), "--model.width=8"]
+    data = [
+        "--data.synthetic_train_size=2560",
+        "--data.synthetic_val_size=500",
+        "--data.batch_size=64",
+    ]
+    assert fit(*args, *data, "--trainer.max_epochs=3", "--trainer.enable_model_summary=false") == 0
+    rows = read_metrics(in_tmp / "runs" / "default" / "version_0")
+    final = [float(r["val/acc"]) for r in rows if r["val/acc"]][-1]
+    assert final > 0.5, final
+
+
+def test_resume_from_last_checkpoint_continues_the_run(in_tmp, capsys):
+    assert fit("--config", DEBUG, "--trainer.max_epochs=1") == 0
+    first = read_metrics(in_tmp / "runs" / "debug" / "version_0")
+    assert fit("--config", DEBUG, "--trainer.max_epochs=2", "--ckpt_path=last") == 0
+    err = capsys.readouterr().err
+    assert "resuming from runs/debug/version_0/checkpoints/last.ckpt" in err
+    second = read_metrics(in_tmp / "runs" / "debug" / "version_1")
+    # The resumed run starts at epoch 1 and continues the step count.
+    assert {r["epoch"] for r in second} == {"1"}
+    last_step_first = max(int(r["step"]) for r in first)
+    assert min(int(r["step"]) for r in second) > last_step_first
+    state = torch.load(
+        in_tmp / "runs" / "debug" / "version_1" / "checkpoints" / "last.ckpt",
+        map_location="cpu",
+        weights_only=True,
+    )
+    assert state["epoch"] == 1 and state["global_step"] == 8
+
+
+def test_resume_last_without_a_checkpoint_starts_fresh(in_tmp, capsys):
+    assert fit("--config", DEBUG, "--ckpt_path=last") == 0
+    assert "no last.ckpt under runs/debug; training from scratch" in capsys.readouterr().err
+
+
+def _one_error_line(capsys) -> str:
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--trainer.no_such_key=1"], "unrecognized arguments: --trainer.no_such_key=1"),
+        (["--data.batch_size=many"], 'Parser key "data.batch_size"'),
+        (["--data.batch_size=0"], "data.batch_size must be at least 1"),
+        (["--model.depth=19"], "depth must be one of [18, 34]"),
+        (["--config", "configs/no_such.yaml"], "File does not exist"),
+        (["--trainer.accelerator=gpu", "--trainer.devices=64"], "GPU"),
+        (["--ckpt_path=missing.ckpt"], "checkpoint missing.ckpt does not exist"),
+        (["--data.dataset=folder", "--data.data_dir=nowhere"], "does not exist"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(in_tmp, capsys, args, expected):
+    assert fit(*args) == 2
+    assert expected in _one_error_line(capsys)
+    assert not (in_tmp / "runs").exists(), "a refused run must not create a run directory"
+
+
+def test_file_that_is_not_a_checkpoint_is_refused(in_tmp, capsys):
+    (in_tmp / "notes.ckpt").write_text("not a checkpoint")
+    assert fit("--ckpt_path=notes.ckpt") == 2
+    assert "notes.ckpt is not a checkpoint" in _one_error_line(capsys)
+
+
+def test_cifar10_offline_without_a_copy_says_where_it_looked(in_tmp, capsys):
+    assert fit("--config", str(CONFIGS / "cifar10.yaml"), "--data.download=false") == 2
+    line = _one_error_line(capsys)
+    assert str(in_tmp / "data" / "cifar-10-batches-py") in line and "download" in line
+
+
+def test_the_real_command_prints_no_traceback(tmp_path):
+    (tmp_path / "bad.ckpt").write_bytes(b"\x00" * 64)
+    result = run_entry_point(["fit", "--config", DEFAULT, "--ckpt_path=bad.ckpt"], cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1].startswith("error: ")
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.skipif(torch.cuda.device_count() >= 2, reason="this machine has 2 GPUs")
+def test_make_train_gpus_2_without_gpus_fails_before_spawning(tmp_path):
+    result = subprocess.run(
+        ["make", "--no-print-directory", "train", "GPUS=2"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode != 0
+    found = torch.cuda.device_count()
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1
+    assert f"found {found}" in lines[0] or "found no CUDA device" in lines[0]
+    assert "Traceback" not in result.stderr

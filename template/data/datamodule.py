@@ -1,0 +1,167 @@
+"""The example DataModule: uint8 images on the host, augmentation on the device.
+
+Three sources behind one interface (``dataset=``):
+
+- ``synthetic`` (default): shapes drawn from a seed, embedded, no download (``synthetic.py``);
+- ``cifar10``: real CIFAR-10, downloaded into ``data_dir`` when online;
+- ``folder``: your own images in ``data_dir/train/<class>/...`` and ``data_dir/val/<class>/...``.
+
+Example::
+
+    dm = ImageDataModule(dataset="cifar10", data_dir="data", batch_size=256)
+    trainer.fit(model, datamodule=dm)
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+import lightning.pytorch as pl
+from torch.utils.data import DataLoader, Dataset
+
+from template.data.augment import CIFAR10_MEAN, CIFAR10_STD, DeviceAugment
+from template.data.sources import FolderImages, InMemoryImages, load_cifar10
+from template.data.synthetic import CLASSES as SYNTHETIC_CLASSES
+from template.data.synthetic import make_shapes
+from template.errors import UserError
+
+CIFAR10_CLASSES = (
+    "airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck",
+)  # fmt: skip
+# Per-channel statistics of ImageNet, a reasonable default for arbitrary photos.
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+def default_num_workers(processes_per_node: int = 1, cap: int = 8) -> int:
+    """Loader workers per training process: the cores this process may use, less one for it.
+
+    Counted from the CPU affinity mask (what a container or ``taskset`` allows), not the
+    machine's total, and shared between the training processes on the node.
+    """
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS
+        cores = os.cpu_count() or 1
+    return max(0, min(cap, cores // max(1, processes_per_node) - 1))
+
+
+class ImageDataModule(pl.LightningDataModule):
+    """Image classification data with device-side augmentation.
+
+    Args:
+        dataset: ``synthetic``, ``cifar10`` or ``folder``.
+        data_dir: where CIFAR-10 lives (or is downloaded to), or the root of your image folder.
+        batch_size: images per device per step.
+        num_workers: DataLoader workers per process; ``None`` derives it from the CPU cores.
+        pin_memory: pin host batches; ``None`` means on when training on a GPU.
+        augment: random crop (``crop_padding``) and horizontal flip on training batches.
+        download: allow downloading CIFAR-10 when it is not in ``data_dir``.
+        synthetic_train_size, synthetic_val_size: images in the synthetic splits.
+        image_size: side of the square images for ``folder`` (resized, centre-cropped).
+        seed: seed of the synthetic data (the same on every rank and every run).
+    """
+
+    def __init__(
+        self,
+        dataset: Literal["synthetic", "cifar10", "folder"] = "synthetic",
+        data_dir: str = "data",
+        batch_size: int = 256,
+        num_workers: int | None = None,
+        pin_memory: bool | None = None,
+        augment: bool = True,
+        crop_padding: int = 4,
+        download: bool = True,
+        synthetic_train_size: int = 20_000,
+        synthetic_val_size: int = 2_000,
+        image_size: int = 32,
+        seed: int = 0,
+    ) -> None:
+        super().__init__()
+        if batch_size < 1:
+            raise UserError(f"data.batch_size must be at least 1, got {batch_size}")
+        if num_workers is not None and num_workers < 0:
+            raise UserError(f"data.num_workers must be >= 0 (or null for automatic), got {num_workers}")
+        self.save_hyperparameters()
+        self.dataset = dataset
+        self.data_dir = Path(data_dir).expanduser()
+        self.batch_size = batch_size
+        self.num_workers = num_workers
+        self.pin_memory = pin_memory
+        self.download = download
+        self.train_set: Dataset | None = None
+        self.val_set: Dataset | None = None
+
+        if dataset == "folder":
+            train_dir = self.data_dir / "train"
+            self.classes = tuple(FolderImages(train_dir, image_size).classes)
+            mean, std = IMAGENET_MEAN, IMAGENET_STD
+        else:
+            self.classes = SYNTHETIC_CLASSES if dataset == "synthetic" else CIFAR10_CLASSES
+            mean, std = CIFAR10_MEAN, CIFAR10_STD
+        self.device_augment = DeviceAugment(
+            mean, std, padding=crop_padding if augment else 0, flip=augment
+        )
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.classes)
+
+    def prepare_data(self) -> None:
+        # Runs on one process per node before setup(): the only place that downloads.
+        if self.dataset == "cifar10":
+            for train in (True, False):
+                load_cifar10(self.data_dir, train=train, download=self.download)
+
+    def setup(self, stage: str) -> None:
+        if self.train_set is not None:
+            return
+        hp = self.hparams
+        if self.dataset == "synthetic":
+            # Different seeds for the two splits: validation images are never trained on.
+            self.train_set = InMemoryImages(*make_shapes(hp.synthetic_train_size, hp.seed))
+            self.val_set = InMemoryImages(*make_shapes(hp.synthetic_val_size, hp.seed + 1))
+        elif self.dataset == "cifar10":
+            self.train_set = InMemoryImages(*load_cifar10(self.data_dir, True, download=False))
+            self.val_set = InMemoryImages(*load_cifar10(self.data_dir, False, download=False))
+        else:
+            self.train_set = FolderImages(self.data_dir / "train", hp.image_size)
+            self.val_set = FolderImages(self.data_dir / "val", hp.image_size, list(self.classes))
+
+    def _loader(self, dataset: Dataset, train: bool) -> DataLoader:
+        trainer = self.trainer
+        processes = trainer.num_devices if trainer is not None else 1
+        workers = self.num_workers
+        if workers is None:
+            workers = default_num_workers(processes)
+        pin = self.pin_memory
+        if pin is None:
+            pin = trainer is not None and trainer.strategy.root_device.type == "cuda"
+        return DataLoader(
+            dataset,
+            batch_size=self.batch_size,
+            shuffle=train,
+            # Full batches only while training: static shapes for BatchNorm and torch.compile.
+            drop_last=train,
+            num_workers=workers,
+            pin_memory=pin,
+            persistent_workers=workers > 0,
+            # Workers fill this many batches each ahead of the training loop.
+            prefetch_factor=4 if workers > 0 else None,
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader(self.train_set, train=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader(self.val_set, train=False)
+
+    def on_after_batch_transfer(self, batch, dataloader_idx: int):
+        # Runs on the device, on the compute stream, after the copy: the host moved uint8.
+        images, labels = batch
+        if self.device_augment.scale.device != images.device:
+            self.device_augment.to(images.device)  # once: the DataModule is not moved by Lightning
+        training = self.trainer is not None and self.trainer.training
+        return self.device_augment(images, train=training), labels

@@ -66,9 +66,7 @@ class DeviceAugment(nn.Module):
         cols = offset_x + torch.arange(width, device=images.device)  # [B, W]
         b = torch.arange(batch, device=images.device).view(batch, 1, 1)
         # Integer-index gather: [B, H, W, C] -> [B, C, H, W]. No boolean mask, so no sync.
-        return padded.permute(0, 2, 3, 1)[b, rows[:, :, None], cols[:, None, :]].permute(
-            0, 3, 1, 2
-        )
+        return padded.permute(0, 2, 3, 1)[b, rows[:, :, None], cols[:, None, :]].permute(0, 3, 1, 2)
 
     def random_flip(self, images: torch.Tensor) -> torch.Tensor:
         flip = torch.rand(images.shape[0], 1, 1, 1, device=images.device) < 0.5

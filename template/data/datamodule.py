@@ -83,7 +83,9 @@ class ImageDataModule(pl.LightningDataModule):
         if batch_size < 1:
             raise UserError(f"data.batch_size must be at least 1, got {batch_size}")
         if num_workers is not None and num_workers < 0:
-            raise UserError(f"data.num_workers must be >= 0 (or null for automatic), got {num_workers}")
+            raise UserError(
+                f"data.num_workers must be >= 0 (or null for automatic), got {num_workers}"
+            )
         self.save_hyperparameters()
         self.dataset = dataset
         self.data_dir = Path(data_dir).expanduser()

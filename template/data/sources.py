@@ -53,7 +53,9 @@ def _read_cifar_batch(path: Path) -> tuple[np.ndarray, list[int]]:
     return entry[b"data"], entry[b"labels"]
 
 
-def load_cifar10(root: str | Path, train: bool, download: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def load_cifar10(
+    root: str | Path, train: bool, download: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Read CIFAR-10 from ``root/cifar-10-batches-py`` into uint8 ``[N, 3, 32, 32]``, labels.
 
     If the files are missing and ``download`` is true, torchvision downloads and verifies
@@ -125,10 +127,14 @@ class FolderImages(Dataset):
         if classes is None:
             classes = sorted(d.name for d in root.iterdir() if d.is_dir())
         if not classes:
-            raise UserError(f"{root} has no class sub-folders; put each class's images in root/<class>/")
+            raise UserError(
+                f"{root} has no class sub-folders; put each class's images in root/<class>/"
+            )
         self.classes = classes
         self.samples = make_dataset(
-            str(root), {c: i for i, c in enumerate(classes)}, extensions=IMAGE_SUFFIXES,
+            str(root),
+            {c: i for i, c in enumerate(classes)},
+            extensions=IMAGE_SUFFIXES,
             allow_empty=True,
         )
         if not self.samples:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import lightning.pytorch as pl
 import pytest
 from lightning.fabric.plugins.environments import SLURMEnvironment, TorchElasticEnvironment
@@ -14,12 +16,24 @@ CLUSTER_VARS = (
 
 @pytest.fixture
 def clean_env(monkeypatch):
-    import os
+    """Isolate the test: Lightning writes MASTER_* into os.environ and the global rank into
+    rank_zero_only while resolving ranks; left behind, they make later tests act as rank 3
+    (no files written) and point later DDP runs at a host that does not exist."""
+    from lightning.fabric.utilities import rank_zero as fabric_rank_zero
+    from lightning_utilities.core import rank_zero as utils_rank_zero
 
+    saved_env = dict(os.environ)
+    saved_ranks = [
+        (m.rank_zero_only, m.rank_zero_only.rank) for m in (fabric_rank_zero, utils_rank_zero)
+    ]
     for name in list(os.environ):
         if name in CLUSTER_VARS or name.startswith("SLURM_"):
             monkeypatch.delenv(name)
-    return monkeypatch
+    yield monkeypatch
+    os.environ.clear()
+    os.environ.update(saved_env)
+    for function, rank in saved_ranks:
+        function.rank = rank
 
 
 def test_torchrun_variables(clean_env):
@@ -50,3 +64,11 @@ def test_slurm_variables(clean_env):
     assert (trainer.world_size, trainer.global_rank) == (4, 2)
     assert (trainer.node_rank, trainer.local_rank) == (1, 0)
     assert environment.main_address == "gpu01"
+
+
+def test_cluster_tests_leave_no_rank_behind():
+    # Runs after the two above (file order): the fixture restored rank zero and the env.
+    from lightning.fabric.utilities.rank_zero import rank_zero_only
+
+    assert rank_zero_only.rank == 0
+    assert os.environ.get("MASTER_ADDR") != "gpu01"

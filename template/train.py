@@ -32,10 +32,8 @@ log = get_logger(__name__)
 USAGE_HINT = "python -m template.train fit --help lists every option"
 
 
-def _requested_gpus(accelerator: str, devices) -> int | None:
-    """How many GPUs the trainer settings ask for, or None when they ask for none."""
-    if accelerator not in ("gpu", "cuda"):
-        return None
+def _requested_gpus(devices) -> int | None:
+    """How many GPUs the trainer settings ask for, or None for "auto" / "all"."""
     if isinstance(devices, int):
         return devices if devices >= 0 else None  # -1 means "all"
     if isinstance(devices, str):
@@ -51,16 +49,14 @@ def _requested_gpus(accelerator: str, devices) -> int | None:
 
 def check_devices(accelerator: str, devices) -> None:
     """Refuse, before anything is spawned, to run on more GPUs than this machine has."""
-    wanted = _requested_gpus(accelerator, devices)
+    if accelerator not in ("gpu", "cuda"):
+        return
+    wanted = _requested_gpus(devices) or 1  # "auto" / -1 need at least one
     found = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if accelerator in ("gpu", "cuda") and found == 0:
+    if wanted > found:
+        fewer = f"`make train GPUS={found}`" if found else "`make train` (the CPU)"
         raise UserError(
-            "asked for GPU training but found no CUDA device; run `make train` (uses the CPU "
-            "here) or `make train ACCELERATOR=cpu DEVICES=2` for 2-process DDP on the CPU"
-        )
-    if wanted is not None and wanted > found:
-        raise UserError(
-            f"asked for {wanted} GPUs but found {found}; run `make train GPUS={found}`, or "
+            f"asked for {wanted} GPU(s) but found {found}; run {fewer}, or "
             f"`make train ACCELERATOR=cpu DEVICES={wanted}` for {wanted}-process DDP on the CPU"
         )
 

@@ -122,7 +122,7 @@ def _one_error_line(capsys) -> str:
         (["--data.batch_size=0"], "data.batch_size must be at least 1"),
         (["--model.depth=19"], "depth must be one of [18, 34]"),
         (["--config", "configs/no_such.yaml"], "File does not exist"),
-        (["--trainer.accelerator=gpu", "--trainer.devices=64"], "GPU"),
+        (["--trainer.accelerator=gpu", "--trainer.devices=64"], "asked for 64 GPU(s) but found"),
         (["--ckpt_path=missing.ckpt"], "checkpoint missing.ckpt does not exist"),
         (["--data.dataset=folder", "--data.data_dir=nowhere"], "does not exist"),
     ],
@@ -166,5 +166,5 @@ def test_make_train_gpus_2_without_gpus_fails_before_spawning(tmp_path):
     found = torch.cuda.device_count()
     lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(lines) == 1
-    assert f"found {found}" in lines[0] or "found no CUDA device" in lines[0]
+    assert f"asked for 2 GPU(s) but found {found}" in lines[0]
     assert "Traceback" not in result.stderr

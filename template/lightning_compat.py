@@ -7,6 +7,9 @@ silently misbehaving.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from typing import Any
+
 import lightning.pytorch as pl
 
 
@@ -19,3 +22,110 @@ def is_logging_step(trainer: pl.Trainer) -> bool:
     # Private: Trainer._logger_connector.should_update_logs (Lightning 2.0 to 2.6), the
     # property Lightning itself consults before calling the loggers.
     return bool(trainer._logger_connector.should_update_logs)
+
+
+def logger_step(trainer: pl.Trainer) -> int:
+    """The step number Lightning passes to the loggers, so rows written directly line up."""
+    # Private: _TrainingEpochLoop._batches_that_stepped (Lightning 2.0 to 2.6), what
+    # _LoggerConnector.log_metrics uses as ``step``.
+    return int(trainer.fit_loop.epoch_loop._batches_that_stepped)
+
+
+def fetcher_counts(loop: Any) -> tuple[int | None, int, int]:
+    """``(length, fetched, lookahead)`` of the loop's data fetcher in the current pass.
+
+    Lightning's fetcher stops asking its CombinedLoader for batches once ``fetched``
+    reaches ``length`` (None for loaders without one); there it keeps ``lookahead``
+    batches ahead of what the loop has consumed. ``fetched`` includes the batches a
+    resumed epoch skipped, so it is on the same scale as the loop's ``batch_progress``.
+    """
+    # Private: loop._data_fetcher and its .length / .fetched / .prefetch_batches
+    # (Lightning 2.1 to 2.6).
+    fetcher = loop._data_fetcher
+    length = None if fetcher.length is None else int(fetcher.length)
+    lookahead = 0 if length is not None else int(getattr(fetcher, "prefetch_batches", 0))
+    return length, int(fetcher.fetched), lookahead
+
+
+# -- routing a loop's batches through an iterator --------------------------------------
+#
+# Lightning's fetchers call ``next()`` on the loop's CombinedLoader (``iter()`` returns
+# the loader itself) and create a fresh inner iterator on every ``iter()``, sometimes
+# with no callback hook between that ``iter()`` and the first ``next()``. So the
+# prefetcher cannot swap an iterator in from a hook; instead the CombinedLoader object
+# gets a subclass whose ``__next__`` pulls its own items through ``make_iterator``,
+# created lazily at the first ``next()`` after each ``iter()``. ``unroute`` restores the
+# original class.
+
+
+_routed_classes: dict[type, type] = {}
+
+
+def _routed_class(base: type) -> type:
+    """``base`` with ``next()`` going through ``_tpl_make_iterator``.
+
+    Single inheritance on purpose: CPython refuses ``__class__`` assignment to a class
+    with an extra base (the instance layout check fails).
+    """
+    if base not in _routed_classes:
+
+        class Routed(base):
+            _tpl_base = base
+            _tpl_iterator: Iterator | None = None
+
+            def __iter__(self):
+                self._tpl_iterator = None
+                return base.__iter__(self)
+
+            def __next__(self):
+                if self._tpl_iterator is None:
+                    self._tpl_iterator = self._tpl_make_iterator(_own_items(self, base))
+                return next(self._tpl_iterator)
+
+            def reset(self) -> None:
+                self._tpl_iterator = None
+                base.reset(self)
+
+        Routed.__name__ = Routed.__qualname__ = f"Routed{base.__name__}"
+        _routed_classes[base] = Routed
+    return _routed_classes[base]
+
+
+def _own_items(loader: Any, base: type) -> Iterator:
+    while True:
+        try:
+            item = base.__next__(loader)
+        except StopIteration:
+            return
+        yield item
+
+
+def _is_routed(loader: Any) -> bool:
+    return "_tpl_base" in type(loader).__dict__
+
+
+def route_batches(loop: Any, make_iterator: Callable[[Iterator], Iterator]) -> Any | None:
+    """From the loop's next batch on, its batches come from ``make_iterator(items)``.
+
+    ``items`` yields what Lightning's CombinedLoader would have yielded,
+    ``(batch, batch_idx, dataloader_idx)``. Returns the loader (for ``unroute``), or None
+    when the loop has no loader yet. Calling it again only replaces ``make_iterator``.
+    """
+    # Private: loop._combined_loader (Lightning 2.0 to 2.6), the loader the loop's
+    # fetcher iterates.
+    loader = getattr(loop, "_combined_loader", None)
+    if loader is None:
+        return None
+    if not _is_routed(loader):
+        loader.__class__ = _routed_class(type(loader))
+        loader._tpl_iterator = None
+    loader._tpl_make_iterator = make_iterator
+    return loader
+
+
+def unroute(loader: Any) -> None:
+    """Give a loader routed by ``route_batches`` its own class back."""
+    if _is_routed(loader):
+        loader.__class__ = type(loader)._tpl_base
+        for name in ("_tpl_iterator", "_tpl_make_iterator"):
+            loader.__dict__.pop(name, None)

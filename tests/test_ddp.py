@@ -42,6 +42,11 @@ def test_two_rank_cpu_ddp_trains_disjoint_shards_and_logs_once(tmp_path):
     assert "over 2 process(es)" in output
     assert output.count("[rank 0] trained on 128 images") == 1
     assert output.count("[rank 1] trained on 128 images") == 1
+    # The prefetcher (in the default config) delivered each rank's batches (the shards
+    # above are what the steps saw) and reported once, summed over both ranks.
+    assert output.count("prefetch: 8 batches") == 1
+    metrics = (tmp_path / "runs" / "debug" / "version_0" / "metrics.csv").read_text()
+    assert "prefetch/data_wait_ms_slowest_rank" in metrics
     # Files are written once, by rank zero: one version directory, one config.
     versions = sorted(p.name for p in (tmp_path / "runs" / "debug").iterdir())
     assert versions == ["version_0"]

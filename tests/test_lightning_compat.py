@@ -41,3 +41,89 @@ def test_is_logging_step_matches_lightnings_logging_steps(tmp_path):
     trainer.fit(BoringModel())
     # Lightning writes on steps 3, 6, 9 (1-based): the 3rd, 6th and 9th batches.
     assert seen == [False, False, True] * 3
+
+
+def test_fetcher_and_loader_internals_exist_in_every_loop(tmp_path):
+    """loop._data_fetcher (.length/.fetched/.prefetch_batches) and loop._combined_loader."""
+    from lightning.pytorch.demos.boring_classes import BoringModel
+
+    from template.lightning_compat import fetcher_counts, logger_step
+
+    seen = {}
+
+    def check(name, loop):
+        assert hasattr(loop, "_data_fetcher"), f"{type(loop).__name__}._data_fetcher was renamed"
+        assert hasattr(loop, "_combined_loader"), f"{type(loop).__name__}._combined_loader renamed"
+        length, fetched, lookahead = fetcher_counts(loop)
+        assert length == 4 and fetched >= 1 and lookahead == 0, "fetcher .length/.fetched changed"
+        seen[name] = True
+
+    class Probe(pl.Callback):
+        def on_train_batch_start(self, trainer, *args):
+            check("train", trainer.fit_loop)
+            assert isinstance(logger_step(trainer), int)
+
+        def on_validation_batch_start(self, trainer, *args):
+            check("val", trainer.fit_loop.epoch_loop.val_loop)
+
+        def on_test_batch_start(self, trainer, *args):
+            check("test", trainer.test_loop)
+
+        def on_predict_batch_start(self, trainer, *args):
+            check("predict", trainer.predict_loop)
+
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        max_epochs=1,
+        limit_train_batches=4,
+        limit_val_batches=4,
+        limit_test_batches=4,
+        limit_predict_batches=4,
+        num_sanity_val_steps=0,
+        callbacks=[Probe()],
+        default_root_dir=tmp_path,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    model = BoringModel()
+    trainer.fit(model)
+    trainer.test(model)
+    trainer.predict(model)
+    assert set(seen) == {"train", "val", "test", "predict"}
+
+
+def test_prefetch_batches_is_the_unsized_fetchers_lookahead():
+    from lightning.pytorch.loops.fetchers import _PrefetchDataFetcher
+
+    assert _PrefetchDataFetcher().prefetch_batches == 1, "_PrefetchDataFetcher.prefetch_batches"
+
+
+def test_combined_loader_can_be_routed_and_restored():
+    """The loop's fetcher calls next() on the CombinedLoader itself (iter() returns it)."""
+    from lightning.pytorch.utilities.combined_loader import CombinedLoader
+
+    from template.lightning_compat import _is_routed, route_batches, unroute
+
+    loader = CombinedLoader([[10, 11, 12]], "max_size_cycle")
+    assert iter(loader) is loader, "iter(CombinedLoader) no longer returns the loader"
+
+    class Loop:
+        _combined_loader = loader
+
+    made = []
+
+    def make_iterator(items):
+        made.append(True)
+        return ((batch, idx, dl) for batch, idx, dl in items)
+
+    assert route_batches(Loop, make_iterator) is loader and _is_routed(loader)
+    iter(loader)
+    assert [b for b, _, _ in loader] == [[10], [11], [12]] and made == [True]
+    iter(loader)  # a new pass makes a new iterator
+    next(loader)
+    assert made == [True, True]
+    unroute(loader)
+    assert type(loader) is CombinedLoader and not _is_routed(loader)
+    iter(loader)
+    assert next(loader)[0] == [10]

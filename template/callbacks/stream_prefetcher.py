@@ -1,0 +1,239 @@
+"""StreamPrefetcher: copy batch N+1 to the GPU on a side stream while step N computes.
+
+Lightning copies each batch on the compute stream at the start of its own step, behind
+the previous step's kernels, so the copy never overlaps compute. With this callback the
+loop receives batches that are already on the device: the copy of the next batch was
+issued on a side stream before the current step's kernels, and the compute stream waits
+on the GPU for exactly that batch. Lightning's own transfer then finds the tensors on
+the device and does nothing; ``on_after_batch_transfer`` (where the template augments
+on the GPU) still runs on the compute stream, after the wait.
+
+Example::
+
+    trainer = Trainer(callbacks=[StreamPrefetcher()])      # depth=1, pins if needed
+    # or in a LightningCLI config:
+    #   - class_path: template.callbacks.StreamPrefetcher
+
+Works for fit (training and validation), validate, test and predict; on a CPU the same
+look-ahead runs with plain moves and no CUDA streams.
+
+Hooks. When the LightningModule or DataModule overrides ``on_before_batch_transfer`` or
+``transfer_batch_to_device``, the prefetcher steps aside (one warning) and Lightning
+transfers as usual: those hooks expect host batches and own the copy. Move host-side work
+into the Dataset or ``collate_fn`` (it then runs in DataLoader workers) and device-side
+work into ``on_after_batch_transfer`` to get prefetching back.
+
+Reads. It never asks the DataLoader for more batches than Lightning would have: the look-
+ahead stops at the end of a limited epoch (``limit_*_batches``) and at ``max_steps``
+(worked out from ``accumulate_grad_batches``). When training stops early for a reason
+known only later (EarlyStopping, a Timer, ``trainer.should_stop``, or ``max_steps`` under
+manual optimisation), up to ``depth`` batches already read are dropped unused. For
+iterable datasets without a length, Lightning itself reads one batch ahead; the
+prefetcher reads ``depth`` more.
+
+Figures. Per logging window: the host's wait for the DataLoader per step, the copy's time
+on the side stream, how much of it the compute stream had to wait for (exposed) and the
+share hidden behind compute. Read back from CUDA events with ``query()``, never a sync;
+reduced over ranks (mean, and the slowest rank's data wait); written by rank zero under
+``prefetch/``.
+"""
+
+from __future__ import annotations
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.utilities.model_helpers import is_overridden
+
+from template import lightning_compat as compat
+from template.log import get_logger
+from template.perf.prefetch import PrefetchIterator, PrefetchStats, StreamCopier
+
+log = get_logger(__name__)
+
+_TRANSFER_HOOKS = ("on_before_batch_transfer", "transfer_batch_to_device")
+
+
+class StreamPrefetcher(pl.Callback):
+    """Overlap host-to-device copies with compute by copying ``depth`` batches ahead.
+
+    Args:
+        depth: batches copied ahead of the one the step uses (default 1).
+        pin_memory: pin batches that arrive in pageable memory, in a background thread
+            (a warning says once to set ``pin_memory=True`` on the DataLoader instead).
+        log_stats: write the ``prefetch/*`` figures at Lightning's logging steps.
+    """
+
+    def __init__(self, depth: int = 1, pin_memory: bool = True, log_stats: bool = True) -> None:
+        if depth < 1:
+            raise ValueError(f"StreamPrefetcher(depth={depth}): depth must be 1 or more")
+        self.depth = depth
+        self.pin_memory = pin_memory
+        self.log_stats = log_stats
+        self.enabled = True
+        self.train_stats = PrefetchStats()  # the current logging window
+        self.train_total = PrefetchStats()  # the whole fit, all windows
+        self.eval_stats = PrefetchStats()
+        self._copier: StreamCopier | None = None
+        self._routed: list = []
+
+    # -- set-up and tear-down ------------------------------------------------------
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        custom = [
+            f"{type(owner).__name__}.{hook}"
+            for owner in (pl_module, trainer.datamodule)
+            if owner is not None
+            for hook in _TRANSFER_HOOKS
+            if is_overridden(hook, owner)
+        ]
+        self.enabled = not custom
+        if custom:
+            log.warning(
+                "StreamPrefetcher is off: %s override(s) a transfer hook that expects host "
+                "batches. Move host work into the Dataset/collate_fn and device work into "
+                "on_after_batch_transfer to prefetch.",
+                ", ".join(custom),
+            )
+            return
+        if self._copier is None or self._copier.device != _device(trainer):
+            self._copier = StreamCopier(_device(trainer), pin_memory=self.pin_memory)
+
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        for loader in self._routed:
+            compat.unroute(loader)
+        self._routed.clear()
+        if self._copier is not None:
+            self._copier.close()
+
+    # -- routing each loop's batches through the prefetcher -------------------------
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self._route(trainer.fit_loop, self.train_stats, training=True)
+
+    def on_train_epoch_start(self, trainer, pl_module) -> None:
+        # reload_dataloaders_every_n_epochs gives the loop a new loader
+        self._route(trainer.fit_loop, self.train_stats, training=True)
+
+    def on_validation_start(self, trainer, pl_module) -> None:
+        fitting = trainer.state.fn == "fit"  # validation inside fit, sanity check included
+        loop = trainer.fit_loop.epoch_loop.val_loop if fitting else trainer.validate_loop
+        self._route(loop, self.eval_stats)
+
+    def on_test_start(self, trainer, pl_module) -> None:
+        self._route(trainer.test_loop, self.eval_stats)
+
+    def on_predict_start(self, trainer, pl_module) -> None:
+        self._route(trainer.predict_loop, self.eval_stats)
+
+    def _route(self, loop, stats: PrefetchStats, training: bool = False) -> None:
+        if not self.enabled or self._copier is None:
+            return
+        trainer = loop.trainer
+
+        def make_iterator(items):
+            # Read no further than Lightning's fetcher would: its length, and for
+            # training the batch at which max_steps is reached (plus the fetcher's own
+            # look-ahead for loaders without a length).
+            length, fetched, lookahead = compat.fetcher_counts(loop)
+            ends = [] if length is None else [length]
+            if training and (left := _batches_until_max_steps(trainer)) is not None:
+                ends.append(
+                    trainer.fit_loop.epoch_loop.batch_progress.current.ready + left + lookahead
+                )
+            limit = max(0, min(ends) - fetched) if ends else None
+            return PrefetchIterator(items, self._copier, depth=self.depth, limit=limit, stats=stats)
+
+        loader = compat.route_batches(loop, make_iterator)
+        if loader is not None and loader not in self._routed:
+            self._routed.append(loader)
+
+    # -- figures ---------------------------------------------------------------------
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if self.enabled and self.log_stats and compat.is_logging_step(trainer):
+            window = self.train_stats.take()
+            self.train_total.add(window)
+            self._write(trainer, "prefetch/", self._reduce(trainer, window))
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        if not self.enabled or self._copier is None:
+            return
+        self._copier.poll(block=True)  # training is over: waiting costs nothing now
+        self.train_total.add(self.train_stats.take())
+        total, slowest = self._reduce(trainer, self.train_total)
+        m = total.means()
+        if total.steps:
+            log.info(
+                "prefetch: %d batches; data wait %s ms/step (slowest rank %s); copy %s ms/batch, "
+                "%s exposed, %s hidden",
+                total.steps,
+                _fmt(m["data_wait_ms"]),
+                _fmt(slowest),
+                _fmt(m["copy_ms"]),
+                _fmt(m["exposed_copy_ms"], " ms"),
+                _fmt(m["hidden_copy_pct"], "%"),
+            )
+            if total.pageable_batches:
+                log.info("prefetch: %d batches arrived unpinned", total.pageable_batches)
+
+    def summary(self) -> dict[str, float | None]:
+        """Whole-fit figures on this rank (for reports): means plus the raw sums."""
+        total = PrefetchStats()
+        total.add(self.train_total)
+        total.add(self.train_stats)
+        return {**total.means(), "steps": total.steps, "pageable_batches": total.pageable_batches}
+
+    def _reduce(
+        self, trainer: pl.Trainer, stats: PrefetchStats
+    ) -> tuple[PrefetchStats, float | None]:
+        """Sum the window over ranks (every rank calls this) and the slowest rank's wait."""
+        own_wait = stats.data_wait_ms / stats.steps if stats.steps else 0.0
+        if trainer.world_size == 1:
+            return stats, own_wait if stats.steps else None
+        row = torch.tensor(
+            [*stats.as_list(), own_wait], dtype=torch.float64, device=_device(trainer)
+        )
+        rows = trainer.strategy.all_gather(row).reshape(trainer.world_size, -1).cpu()
+        total = PrefetchStats.from_list(rows[:, :-1].sum(0).tolist())
+        return total, float(rows[:, -1].max()) if total.steps else None
+
+    def _write(self, trainer: pl.Trainer, prefix: str, reduced) -> None:
+        total, slowest = reduced
+        if not trainer.is_global_zero or not trainer.loggers:
+            return
+        metrics = {prefix + k: v for k, v in total.means().items() if v is not None}
+        if slowest is not None:
+            metrics[prefix + "data_wait_ms_slowest_rank"] = slowest
+        if metrics:
+            metrics["epoch"] = trainer.current_epoch  # as Lightning's own rows carry it
+            step = compat.logger_step(trainer)
+            for logger in trainer.loggers:
+                logger.log_metrics(metrics, step=step)
+
+
+def _device(trainer: pl.Trainer) -> torch.device:
+    return trainer.strategy.root_device
+
+
+def _batches_until_max_steps(trainer: pl.Trainer) -> int | None:
+    """Batches the training loop will still take this epoch before ``max_steps`` (None: no cap).
+
+    Automatic optimisation steps after every ``accumulate_grad_batches``-th batch of the
+    epoch and after its last batch; manual optimisation steps when the user says, so it
+    cannot be known ahead.
+    """
+    max_steps = trainer.max_steps
+    if max_steps is None or max_steps < 0 or not trainer.lightning_module.automatic_optimization:
+        return None
+    steps_left = max(0, max_steps - trainer.global_step)
+    accumulate = trainer.accumulate_grad_batches
+    done = trainer.fit_loop.epoch_loop.batch_progress.current.ready
+    last = (done // accumulate + steps_left) * accumulate
+    n = trainer.num_training_batches
+    if n != float("inf") and not trainer.strategy.handles_gradient_accumulation:
+        last = min(last, int(n))
+    return max(0, last - done)
+
+
+def _fmt(value: float | None, unit: str = "") -> str:
+    return "n/a" if value is None else f"{value:.2f}{unit}"

@@ -1,0 +1,339 @@
+"""Copy the next batches to the GPU on a side stream while the current step computes.
+
+A plain ``batch.to("cuda", non_blocking=True)`` at the start of step N queues behind step
+N-1's kernels on the compute stream, so the copy never overlaps compute. Here the copy
+of batch N+1 is enqueued on a side stream *before* step N's kernels, and the compute
+stream waits (on the GPU, not the host) for exactly the batch it is about to use.
+
+Example::
+
+    copier = StreamCopier(torch.device("cuda"))          # one side stream, reused
+    for x, y in PrefetchIterator(loader, copier, depth=1):
+        loss = model(x).cross_entropy(y)                 # x, y already on the GPU;
+        ...                                              # the next batch is copying
+
+On a CPU (or any non-CUDA) device the same look-ahead control flow runs, with a plain
+synchronous move and no streams or events, so the ordering and bookkeeping are tested on
+machines without a GPU.
+
+Safety, as the careful implementations do it:
+
+- one side stream per copier, created on first use and kept;
+- an event recorded after each batch's copy; the consumer's stream waits for that event;
+- ``record_stream`` on every handed-out tensor, so the caching allocator does not give its
+  memory back to the side stream (for the next copy) while the compute stream still
+  reads it;
+- pageable host tensors are pinned first (in a background thread, off the critical path),
+  because ``non_blocking=True`` from pageable memory silently blocks the host.
+
+Collections are walked with ``lightning_utilities.apply_to_collection`` (tensors in dicts,
+lists, tuples, namedtuples, dataclasses; everything else passes through untouched).
+Only ``torch.Tensor`` leaves are moved.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import warnings
+from collections import deque
+from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, fields
+from typing import Any
+
+import torch
+from lightning_utilities.core.apply_func import apply_to_collection
+
+from template.perf.events import EventPool
+
+PAGEABLE_WARNING = (
+    "batches reach the prefetcher in pageable host memory, where a non_blocking copy "
+    "blocks the host: create the DataLoader with pin_memory=True (it pins in a background "
+    "thread). Until then the prefetcher pins each batch in its own thread."
+)
+
+
+@dataclass
+class PrefetchStats:
+    """Sums over a window of steps. ``means()`` turns them into per-step figures.
+
+    ``copy_ms`` is device time on the side stream (CUDA events) or host time of the
+    synchronous move elsewhere. ``exposed_copy_ms`` is how long the compute stream had to
+    wait for a copy to finish: CUDA only, so ``exposed_copies`` stays 0 on a CPU.
+    """
+
+    steps: int = 0
+    data_wait_ms: float = 0.0
+    copies: int = 0
+    copy_ms: float = 0.0
+    exposed_copies: int = 0
+    exposed_copy_ms: float = 0.0
+    pageable_batches: int = 0
+
+    def add(self, other: PrefetchStats) -> None:
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+    def take(self) -> PrefetchStats:
+        """Return a copy of the sums and zero them (one logging window)."""
+        out = PrefetchStats(**{f.name: getattr(self, f.name) for f in fields(self)})
+        for f in fields(self):
+            setattr(self, f.name, type(getattr(self, f.name))(0))
+        return out
+
+    def as_list(self) -> list[float]:
+        return [float(getattr(self, f.name)) for f in fields(self)]
+
+    @classmethod
+    def from_list(cls, values: Iterable[float]) -> PrefetchStats:
+        kinds = [f.name for f in fields(cls)]
+        return cls(
+            **{
+                name: (round(v) if isinstance(getattr(cls, name), int) else float(v))
+                for name, v in zip(kinds, values, strict=True)
+            }
+        )
+
+    def means(self) -> dict[str, float | None]:
+        """Per-step data wait, per-copy time, exposed time and hidden share; None = n/a."""
+        copy = self.copy_ms / self.copies if self.copies else None
+        exposed = self.exposed_copy_ms / self.exposed_copies if self.exposed_copies else None
+        hidden = None
+        if self.exposed_copies and self.copy_ms > 0:
+            hidden = 100.0 * max(0.0, 1.0 - self.exposed_copy_ms / self.copy_ms)
+        return {
+            "data_wait_ms": self.data_wait_ms / self.steps if self.steps else None,
+            "copy_ms": copy,
+            "exposed_copy_ms": exposed,
+            "hidden_copy_pct": hidden,
+        }
+
+
+@dataclass
+class InFlightBatch:
+    """A batch whose copy has been issued but not yet handed to the compute stream."""
+
+    batch: Any = None
+    ready: torch.cuda.Event | None = None  # recorded on the side stream after the copy
+    copy_start: torch.cuda.Event | None = None  # timing; None if the pool ran dry
+    pinning: Future | None = None  # the pinning thread's InFlightBatch, when it pins
+    host_copy_ms: float | None = None  # non-CUDA: host time of the synchronous move
+    pageable: bool = False
+
+
+def _move(batch: Any, device: torch.device, non_blocking: bool) -> Any:
+    return apply_to_collection(
+        batch, torch.Tensor, lambda t: t.to(device, non_blocking=non_blocking)
+    )
+
+
+def _has_pageable(batch: Any) -> bool:
+    found = []
+
+    def check(t: torch.Tensor) -> torch.Tensor:
+        if not found and t.device.type == "cpu" and not t.is_pinned():
+            found.append(True)
+        return t
+
+    apply_to_collection(batch, torch.Tensor, check)
+    return bool(found)
+
+
+class StreamCopier:
+    """Copies host batches to ``device`` on one side stream and hands them over safely.
+
+    ``start(batch)`` issues the copy and returns at once; ``finish(in_flight, stats)``
+    makes the current stream wait for that copy and returns the device batch. Copy
+    timings are read back later with ``query()`` (``poll``), never by blocking.
+
+    ``pin_memory``: pin pageable batches in a background thread before copying (True), or
+    copy them as they are (False: the copy then blocks the host). Either way a warning
+    says once how to pin in the DataLoader instead.
+    """
+
+    def __init__(
+        self, device: torch.device | str, *, pin_memory: bool = True, timing_events: int = 96
+    ) -> None:
+        device = torch.device(device)
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        self.device = device
+        self.is_cuda = device.type == "cuda"
+        self.pin_memory = pin_memory
+        self._stream: torch.cuda.Stream | None = None
+        self._events = EventPool(timing_events) if self.is_cuda else None
+        self._pending: deque[tuple[Any, ...]] = deque()  # (start, ready, consumer, stats)
+        self._pin_pool: ThreadPoolExecutor | None = None
+        self._warned_pageable = False
+        self._lock = threading.Lock()
+
+    @property
+    def stream(self) -> torch.cuda.Stream:
+        """The side stream, created once (a new stream per epoch grows reserved memory)."""
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(self.device)
+        return self._stream
+
+    def start(self, batch: Any) -> InFlightBatch:
+        if not self.is_cuda:
+            t0 = time.perf_counter()
+            moved = _move(batch, self.device, non_blocking=False)
+            return InFlightBatch(moved, host_copy_ms=1e3 * (time.perf_counter() - t0))
+        if _has_pageable(batch):
+            self._warn_pageable()
+            if self.pin_memory:
+                if self._pin_pool is None:
+                    self._pin_pool = ThreadPoolExecutor(1, thread_name_prefix="prefetch-pin")
+                return InFlightBatch(pinning=self._pin_pool.submit(self._pin_and_copy, batch))
+            return self._copy(batch, pageable=True)
+        return self._copy(batch)
+
+    def finish(self, in_flight: InFlightBatch, stats: PrefetchStats) -> Any:
+        """Make the current stream wait for this batch's copy; return the device batch."""
+        if in_flight.pinning is not None:
+            in_flight = in_flight.pinning.result()
+        if in_flight.pageable:
+            stats.pageable_batches += 1
+        if not self.is_cuda:
+            stats.copies += 1
+            stats.copy_ms += in_flight.host_copy_ms or 0.0
+            return in_flight.batch
+        consumer = torch.cuda.current_stream(self.device)
+        reached = None
+        if in_flight.copy_start is not None:
+            # When the compute stream got here: if the copy ends later, it waited.
+            reached = self._events.acquire()
+            if reached is None:
+                self._events.release(in_flight.copy_start, in_flight.ready)
+            else:
+                reached.record(consumer)
+        consumer.wait_event(in_flight.ready)
+        apply_to_collection(in_flight.batch, torch.Tensor, lambda t: _record(t, consumer))
+        if reached is not None:
+            self._pending.append((in_flight.copy_start, in_flight.ready, reached, stats))
+        self.poll()
+        return in_flight.batch
+
+    def poll(self, block: bool = False) -> None:
+        """Credit finished copy timings to their stats, oldest first.
+
+        ``block=True`` waits for the outstanding ones: for the end of a run only.
+        """
+        while self._pending:
+            start, end, reached, stats = self._pending[0]
+            if block:
+                end.synchronize()
+                reached.synchronize()
+            elif not (end.query() and reached.query()):
+                return
+            self._pending.popleft()
+            stats.copies += 1
+            stats.copy_ms += start.elapsed_time(end)
+            stats.exposed_copies += 1
+            stats.exposed_copy_ms += max(0.0, reached.elapsed_time(end))
+            self._events.release(start, end, reached)
+
+    def close(self) -> None:
+        if self._pin_pool is not None:
+            self._pin_pool.shutdown(wait=True)
+            self._pin_pool = None
+        self._pending.clear()
+
+    # -- internals ---------------------------------------------------------------
+
+    def _copy(self, batch: Any, pageable: bool = False) -> InFlightBatch:
+        start = self._events.acquire()
+        ready = self._events.acquire() if start is not None else None
+        if start is not None and ready is None:
+            self._events.release(start)
+            start = None
+        if ready is None:
+            ready = torch.cuda.Event()  # still needed to order the streams
+        with torch.cuda.stream(self.stream):
+            if start is not None:
+                start.record()
+            moved = _move(batch, self.device, non_blocking=True)
+            ready.record()
+        return InFlightBatch(moved, ready=ready, copy_start=start, pageable=pageable)
+
+    def _pin_and_copy(self, batch: Any) -> InFlightBatch:
+        with torch.cuda.device(self.device):
+            pinned = apply_to_collection(
+                batch,
+                torch.Tensor,
+                lambda t: t.pin_memory() if t.device.type == "cpu" and not t.is_pinned() else t,
+            )
+            return self._copy(pinned, pageable=True)
+
+    def _warn_pageable(self) -> None:
+        with self._lock:
+            if self._warned_pageable:
+                return
+            self._warned_pageable = True
+        warnings.warn(PAGEABLE_WARNING, stacklevel=3)
+
+
+def _record(t: torch.Tensor, stream: torch.cuda.Stream) -> torch.Tensor:
+    if t.is_cuda:
+        t.record_stream(stream)
+    return t
+
+
+class PrefetchIterator(Iterator):
+    """Yields the items of ``source`` on the copier's device, ``depth`` items ahead.
+
+    The copy of item N+1 is issued inside the call that returns item N, i.e. before the
+    caller enqueues the work that uses item N. ``limit`` caps how many items are read
+    from ``source`` (so a consumer that will stop after k items never causes item k+1 to
+    be read). Per call, the host's wait for ``source`` goes into ``stats``.
+    """
+
+    def __init__(
+        self,
+        source: Iterable,
+        copier: StreamCopier,
+        *,
+        depth: int = 1,
+        limit: int | None = None,
+        stats: PrefetchStats | None = None,
+    ) -> None:
+        if depth < 1:
+            raise ValueError(f"depth must be at least 1, got {depth}")
+        self._source = iter(source)
+        self.copier = copier
+        self.depth = depth
+        self.limit = limit
+        self.stats = stats if stats is not None else PrefetchStats()
+        self.reads = 0
+        self._queue: deque[InFlightBatch] = deque()
+        self._exhausted = False
+        self._waited_ms = 0.0
+
+    def __next__(self) -> Any:
+        self._waited_ms = 0.0
+        if not self._queue:
+            self._read()  # the first item, or the source could not keep ahead
+        if not self._queue:
+            raise StopIteration
+        current = self._queue.popleft()
+        while len(self._queue) < self.depth and self._read():
+            pass
+        self.stats.steps += 1
+        self.stats.data_wait_ms += self._waited_ms
+        return self.copier.finish(current, self.stats)
+
+    def _read(self) -> bool:
+        if self._exhausted or (self.limit is not None and self.reads >= self.limit):
+            return False
+        t0 = time.perf_counter()
+        try:
+            item = next(self._source)
+        except StopIteration:
+            self._exhausted = True
+            return False
+        finally:
+            self._waited_ms += 1e3 * (time.perf_counter() - t0)
+        self.reads += 1
+        self._queue.append(self.copier.start(item))
+        return True

@@ -1,0 +1,148 @@
+"""The prefetch mechanism alone (template.perf.prefetch), on the CPU path."""
+
+from __future__ import annotations
+
+import time
+from collections import namedtuple
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from template.perf.events import EventPool
+from template.perf.prefetch import PrefetchIterator, PrefetchStats, StreamCopier
+
+
+class CountingSource:
+    """An iterator over ``n`` tensors that records how many were read."""
+
+    def __init__(self, n: int, delay: float = 0.0) -> None:
+        self.n, self.delay, self.reads = n, delay, 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self.reads >= self.n:
+            raise StopIteration
+        time.sleep(self.delay)
+        self.reads += 1
+        return torch.full((2, 3), float(self.reads - 1))
+
+
+@pytest.fixture
+def copier():
+    return StreamCopier("cpu")
+
+
+@pytest.mark.parametrize("depth", [1, 2, 3])
+def test_yields_every_item_once_in_order_with_identical_values(copier, depth):
+    items = list(PrefetchIterator(CountingSource(7), copier, depth=depth))
+    assert [int(t[0, 0]) for t in items] == list(range(7))
+    assert all(torch.equal(t, torch.full((2, 3), float(i))) for i, t in enumerate(items))
+
+
+@pytest.mark.parametrize("depth", [1, 2])
+def test_reads_depth_items_ahead_of_the_consumer(copier, depth):
+    source = CountingSource(6)
+    it = PrefetchIterator(source, copier, depth=depth)
+    reads_when_handed = []
+    for _ in it:
+        reads_when_handed.append(source.reads)
+    # When item k is handed out, items k+1..k+depth have already been read (and moved).
+    assert reads_when_handed == [min(k + 1 + depth, 6) for k in range(6)]
+
+
+def test_limit_caps_reads_from_the_source(copier):
+    source = CountingSource(10)
+    items = list(PrefetchIterator(source, copier, depth=2, limit=4))
+    assert len(items) == 4 and source.reads == 4
+
+
+def test_limit_zero_reads_nothing(copier):
+    source = CountingSource(3)
+    assert list(PrefetchIterator(source, copier, limit=0)) == [] and source.reads == 0
+
+
+def test_empty_source_stops_at_once(copier):
+    assert list(PrefetchIterator(iter([]), copier)) == []
+
+
+def test_depth_must_be_positive(copier):
+    with pytest.raises(ValueError, match="depth must be at least 1"):
+        PrefetchIterator(iter([]), copier, depth=0)
+
+
+Pair = namedtuple("Pair", "image label")
+
+
+@dataclass
+class Sample:
+    pixels: torch.Tensor
+    names: list[str]
+    meta: dict
+
+
+def test_collections_keep_their_shape_and_non_tensor_fields(copier):
+    names = ["a", "b"]
+    batch = {
+        "pair": Pair(torch.ones(2), torch.tensor([1, 2])),
+        "list": [torch.zeros(1), "text", 3, None],
+        "tuple": (torch.arange(3), 2.5),
+        "sample": Sample(torch.ones(2, 2), names, {"id": 7, "w": torch.ones(1)}),
+    }
+    (out,) = list(PrefetchIterator(iter([batch]), copier))
+    assert isinstance(out["pair"], Pair) and torch.equal(out["pair"].label, torch.tensor([1, 2]))
+    assert out["list"][1:] == ["text", 3, None]
+    assert out["tuple"][1] == 2.5 and torch.equal(out["tuple"][0], torch.arange(3))
+    assert isinstance(out["sample"], Sample)
+    assert out["sample"].names == names and out["sample"].meta["id"] == 7
+    assert torch.equal(out["sample"].meta["w"], torch.ones(1))
+
+
+def test_host_wait_for_the_source_is_measured(copier):
+    stats = PrefetchStats()
+    list(PrefetchIterator(CountingSource(4, delay=0.02), copier, stats=stats))
+    m = stats.means()
+    assert stats.steps == 4 and stats.copies == 4
+    # 4 reads of >= 20 ms spread over 4 steps
+    assert m["data_wait_ms"] >= 19.0
+    # No device events on a CPU: the exposed share is not available, never made up.
+    assert m["exposed_copy_ms"] is None and m["hidden_copy_pct"] is None
+
+
+def test_cpu_path_creates_no_cuda_objects(copier, monkeypatch):
+    def boom(*args, **kwargs):
+        raise AssertionError("a CUDA object was created on the CPU path")
+
+    monkeypatch.setattr(torch.cuda, "Stream", boom)
+    monkeypatch.setattr(torch.cuda, "Event", boom)
+    assert len(list(PrefetchIterator(CountingSource(3), copier))) == 3
+    assert copier._stream is None
+
+
+def test_stats_take_add_and_round_trip():
+    s = PrefetchStats(steps=2, data_wait_ms=3.0, copies=2, copy_ms=1.0)
+    window = s.take()
+    assert window.steps == 2 and s.steps == 0 and s.data_wait_ms == 0.0
+    total = PrefetchStats()
+    total.add(window)
+    total.add(window)
+    assert total.steps == 4 and total.copy_ms == 2.0
+    assert PrefetchStats.from_list(total.as_list()) == total
+    assert PrefetchStats().means()["data_wait_ms"] is None
+
+
+def test_event_pool_is_bounded(monkeypatch):
+    class FakeEvent:
+        def __init__(self, enable_timing=False):
+            self.timing = enable_timing
+
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    pool = EventPool(capacity=2)
+    a, b = pool.acquire(), pool.acquire()
+    assert a.timing and b.timing and pool.acquire() is None and pool.in_use == 2
+    pool.release(a, None)
+    assert pool.acquire() is a
+    with pytest.raises(ValueError):
+        EventPool(capacity=0)

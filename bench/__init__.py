@@ -1,0 +1,1 @@
+"""Benchmarks that measure the template's claims side by side (``python -m bench.<name>``)."""

@@ -163,12 +163,13 @@ class StreamPrefetcher(pl.Callback):
         total, slowest = self._reduce(trainer, self.train_total)
         m = total.means()
         if total.steps:
+            slowest_part = f" (slowest rank {_fmt(slowest)})" if trainer.world_size > 1 else ""
             log.info(
-                "prefetch: %d batches; data wait %s ms/step (slowest rank %s); copy %s ms/batch, "
-                "%s exposed, %s hidden",
+                "prefetch: %d batches; data wait %s ms/step%s; copy %s ms/batch, %s exposed, "
+                "%s hidden",
                 total.steps,
                 _fmt(m["data_wait_ms"]),
-                _fmt(slowest),
+                slowest_part,
                 _fmt(m["copy_ms"]),
                 _fmt(m["exposed_copy_ms"], " ms"),
                 _fmt(m["hidden_copy_pct"], "%"),

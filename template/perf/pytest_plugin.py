@@ -1,0 +1,35 @@
+"""A pytest fixture that fails a test on any host-device sync, listing the lines.
+
+Enable it in your ``conftest.py`` with ``pytest_plugins = ["template.perf.pytest_plugin"]``.
+
+Example::
+
+    def test_step_is_sync_free(no_syncs):
+        with no_syncs(device_type="cpu"):
+            loss = model.training_step(batch, 0)
+            loss.backward()
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import pytest
+
+from template.perf.syncs import detect_syncs
+
+
+@pytest.fixture
+def no_syncs():
+    """``with no_syncs(device_type="cpu"): ...`` fails the test if the block syncs."""
+
+    @contextlib.contextmanager
+    def watch(device_type: str = "cpu") -> Iterator[None]:
+        with detect_syncs(device_type=device_type) as rec:
+            yield
+        if rec.events:
+            lines = "\n".join(f"  {e}" for e in rec.events)
+            pytest.fail(f"{len(rec.events)} host-device sync(s):\n{lines}", pytrace=False)
+
+    return watch

@@ -1,0 +1,620 @@
+"""Find every operation that makes the host wait for the device, and name the line.
+
+A host-device sync stalls the Python thread until the GPU has finished everything queued
+before it; the GPU then idles while the host catches up. ``detect_syncs`` records each
+one while it is active, with the innermost frame of *your* code (the first frame, going
+outward from the op, that is not inside an installed library, the standard library or
+this package), the library call chain in between, and the phase (forward or backward).
+
+Example::
+
+    with detect_syncs(device_type="cuda") as rec:
+        loss = model(x).loss
+        print(f"loss {loss.item():.3f}")          # a sync
+    for e in rec.events:
+        print(e)        # "Tensor.item() at train.py:42 in step: print(f'loss {loss...'"
+
+    assert_no_syncs(training_step, batch, device_type="cpu")   # in CI, no GPU needed
+
+Three layers see the syncs:
+
+- a ``TorchDispatchMode`` matches the aten ops known to read device memory back to the
+  host (``_local_scalar_dense``, ``nonzero``, boolean-mask ``index``, ``masked_select``,
+  ``unique``, ``repeat_interleave`` without ``output_size``, ...), whatever Python API
+  reached them, in forward and backward;
+- a ``TorchFunctionMode`` names the Python-level reads that a dispatch mode cannot see
+  on a CPU or that it sees only as an anonymous scalar read (``.item()``, ``bool(t)``,
+  ``float(t)``, ``.cpu()``, ``.to("cpu")``, ``.tolist()``, ``.numpy()``,
+  ``np.asarray(t)``, ``print``/``repr``/``format`` of a tensor); the ops they run
+  underneath are not counted again;
+- explicit ``synchronize()`` calls (``torch.cuda``, its streams and events, ``torch.cpu``,
+  ``torch.accelerator``) are wrapped while the detector is active.
+
+On CUDA, ``torch.cuda.set_sync_debug_mode("warn")`` is also armed for the region and its
+warnings become events at your line, so syncs that the table above misses are still
+caught. With ``device_type="cpu"`` every CPU tensor counts as device memory: the same
+code finds the same lines on a machine without a GPU (the CUDA layer is then off).
+
+The detector is slow while active (a Python call per aten op): watch a sample of steps,
+as ``template.callbacks.SyncPointDetector`` does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import linecache
+import os
+import re
+import sys
+import sysconfig
+import threading
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+T = TypeVar("T")
+
+_CUDA_SYNC_WARNING = "called a synchronizing CUDA operation"
+
+
+class SyncError(RuntimeError):
+    """A host-device sync where ``strict`` detection allowed none."""
+
+
+@dataclass(frozen=True)
+class SyncEvent:
+    """One operation that made (or, on a real device, would make) the host wait.
+
+    ``filename``/``lineno``/``function``/``code`` are the innermost frame of user code;
+    ``chain`` lists the library frames between it and the op, innermost first
+    (``"lightning/pytorch/loops/training_epoch_loop.py:269 in _broadcast_sigterm_tensor"``).
+    ``via`` is the innermost of those outside torch: the library line that asked for the
+    read. ``aten`` is the aten op, when one was seen. ``simulated`` marks events that only
+    the CPU simulation makes syncs: ``.to(cpu)`` there may be what is, on a GPU, the move
+    *to* the device.
+    """
+
+    op: str
+    filename: str
+    lineno: int
+    function: str = ""
+    code: str = ""
+    phase: str = "forward"
+    aten: str | None = None
+    chain: tuple[str, ...] = ()
+    via: str | None = None
+    simulated: bool = False
+
+    @property
+    def site(self) -> str:
+        return f"{_short_path(self.filename)}:{self.lineno}"
+
+    def __str__(self) -> str:
+        where = f"{self.op} at {self.site}"
+        if self.function:
+            where += f" in {self.function}"
+        if self.via:
+            where += f" (via {self.via})"
+        if self.simulated:
+            where += " [CPU simulation only]"
+        return f"{where}: {self.code}" if self.code else where
+
+
+# -- what counts as user code --------------------------------------------------------
+
+_PERF_DIR = os.path.dirname(os.path.abspath(__file__))
+_STDLIB_DIRS = tuple(
+    {os.path.abspath(p) for p in (sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib"))}
+)
+_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
+_SITE = re.compile(r"[\\/](?:site|dist)-packages[\\/]")
+_is_library_cache: dict[str, bool] = {}
+
+
+def _is_library(filename: str) -> bool:
+    """Installed packages, the standard library, frozen modules and this package."""
+    known = _is_library_cache.get(filename)
+    if known is None:
+        path = os.path.abspath(filename) if not filename.startswith("<") else filename
+        known = (
+            filename.startswith("<frozen")
+            or path.startswith(_PERF_DIR)
+            or bool(_SITE.search(path))
+            or path.startswith(_STDLIB_DIRS)
+        )
+        _is_library_cache[filename] = known
+    return known
+
+
+def _short_path(filename: str) -> str:
+    """Path after site-packages for libraries, relative to the working directory otherwise."""
+    m = _SITE.search(filename)
+    if m:
+        return filename[m.end() :]
+    try:
+        rel = os.path.relpath(filename)
+    except ValueError:  # another drive on Windows
+        return filename
+    return filename if rel.startswith("..") else rel
+
+
+# -- the detector ----------------------------------------------------------------------
+
+
+class SyncDetector:
+    """Records host-device syncs while entered; re-enterable (events accumulate).
+
+    Use ``detect_syncs(...)`` to make one. ``phase`` labels events outside backward (the
+    Lightning callback sets it per hook); ``strict`` raises ``SyncError`` at the first
+    sync, before the op runs, so the traceback ends at the offending line.
+    """
+
+    def __init__(
+        self, device_type: str = "cuda", strict: bool = False, cuda_debug: bool = True
+    ) -> None:
+        self.device_type = torch.device(device_type).type
+        self.strict = strict
+        self.cuda_debug = cuda_debug
+        self.phase = "forward"
+        self.events: list[SyncEvent] = []
+        self._inside = 0  # >0 while a recorded op runs: what it calls is not counted again
+        self._ops: list[str] = []  # aten/Python ops in flight, to name CUDA's warnings
+        self._track_ops = False
+        self._thread: int | None = None
+        self._stack: contextlib.ExitStack | None = None
+
+    # -- entering and leaving --
+
+    def __enter__(self) -> SyncDetector:
+        if self._stack is not None:
+            raise RuntimeError("this SyncDetector is already active")
+        self._thread = threading.get_ident()
+        stack = contextlib.ExitStack()
+        try:
+            stack.enter_context(_SynchronizeHooks.install(self))
+            self._track_ops = self._arm_cuda()
+            if self._track_ops:
+                stack.enter_context(self._cuda_debug_warnings())
+            stack.enter_context(_FunctionLayer(self))
+            stack.enter_context(_DispatchLayer(self))
+        except BaseException:
+            stack.close()
+            raise
+        self._stack = stack
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        stack, self._stack = self._stack, None
+        self._inside = 0
+        self._ops.clear()
+        if stack is not None:
+            stack.close()
+
+    @property
+    def active(self) -> bool:
+        return self._stack is not None
+
+    def take(self) -> list[SyncEvent]:
+        """The events so far, removing them from ``events``."""
+        out, self.events = self.events, []
+        return out
+
+    # -- recording --
+
+    def on_device(self, value: Any) -> bool:
+        return isinstance(value, torch.Tensor) and value.device.type == self.device_type
+
+    def record(
+        self,
+        op: str,
+        aten: str | None = None,
+        site: SyncEvent | None = None,
+        simulated: bool = False,
+    ) -> None:
+        """Add an event for ``op`` at the current user frame (or at ``site``'s, from forward)."""
+        if self._inside:
+            return
+        if self.device_type == "cpu" and _in_data_loader():
+            # The DataLoader's own thread of work (num_workers=0) handles host tensors on
+            # any machine: only the simulation would call them device memory.
+            return
+        backward = torch._C._current_autograd_node() is not None
+        phase = "backward" if backward else self.phase
+        if site is not None:  # a backward op attributed to the forward line that made it
+            event = SyncEvent(
+                op, site.filename, site.lineno, site.function, site.code, phase, aten, site.chain,
+                site.via, simulated,
+            )  # fmt: skip
+        else:
+            event = _event_here(op, phase, aten, simulated)
+        self.events.append(event)
+        if self.strict:
+            raise SyncError(f"host-device sync: {event}")
+
+    # -- the CUDA layer --
+
+    def _arm_cuda(self) -> bool:
+        return (
+            self.cuda_debug
+            and self.device_type == "cuda"
+            and torch.cuda.is_available()
+            and torch.cuda.is_initialized()
+        )
+
+    @contextlib.contextmanager
+    def _cuda_debug_warnings(self) -> Iterator[None]:
+        previous_mode = torch.cuda.get_sync_debug_mode()
+        with warnings.catch_warnings():
+            # "always": Python would otherwise show a location's warning only once.
+            warnings.filterwarnings("always", message=_CUDA_SYNC_WARNING)
+            show = warnings.showwarning
+
+            def showwarning(message, category, filename, lineno, file=None, line=None):
+                if _CUDA_SYNC_WARNING not in str(message):
+                    return show(message, category, filename, lineno, file, line)
+                if threading.get_ident() == self._thread:
+                    current = self._ops[-1] if self._ops else None
+                    name = f"{current} (CUDA sync debug)" if current else "a CUDA sync"
+                    self.record(name, aten=current)
+                return None
+
+            warnings.showwarning = showwarning
+            if previous_mode == 0:  # leave "error" alone if the user set it
+                torch.cuda.set_sync_debug_mode("warn")
+            try:
+                yield
+            finally:
+                torch.cuda.set_sync_debug_mode(previous_mode)
+
+
+def detect_syncs(
+    device_type: str = "cuda", strict: bool = False, cuda_debug: bool = True
+) -> SyncDetector:
+    """A context manager recording every host-device sync while active.
+
+    ``device_type``: which tensors count as device memory ("cuda"; "cpu" to simulate on
+    CPU CI). ``strict``: raise ``SyncError`` at the first one. ``cuda_debug``: also arm
+    CUDA's own sync debug mode (CUDA only).
+
+    Example::
+
+        with detect_syncs(device_type="cpu") as rec:
+            step(batch)
+        assert not rec.events, "\\n".join(map(str, rec.events))
+    """
+    return SyncDetector(device_type, strict=strict, cuda_debug=cuda_debug)
+
+
+def assert_no_syncs(fn: Callable[..., T], *args: Any, device_type: str = "cpu", **kwargs: Any) -> T:
+    """Call ``fn(*args, **kwargs)`` and fail with the offending lines if it syncs.
+
+    Example::
+
+        assert_no_syncs(model.training_step, batch, 0)   # AssertionError listing each line
+    """
+    with detect_syncs(device_type=device_type) as rec:
+        result = fn(*args, **kwargs)
+    if rec.events:
+        lines = "\n".join(f"  {e}" for e in rec.events)
+        name = getattr(fn, "__qualname__", repr(fn))
+        raise AssertionError(f"{name} made {len(rec.events)} host-device sync(s):\n{lines}")
+    return result
+
+
+_DATA_DIR = os.path.join(_TORCH_DIR, "utils", "data")
+
+
+def _in_data_loader() -> bool:
+    frame = sys._getframe(2)
+    while frame is not None:
+        if frame.f_code.co_filename.startswith(_DATA_DIR):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _event_here(op: str, phase: str, aten: str | None, simulated: bool = False) -> SyncEvent:
+    chain: list[str] = []
+    via = None
+    frame = sys._getframe(1)
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if not _is_library(filename):
+            code = linecache.getline(filename, frame.f_lineno).strip()
+            return SyncEvent(
+                op, filename, frame.f_lineno, frame.f_code.co_name, code, phase, aten,
+                tuple(chain[:12]), via, simulated,
+            )  # fmt: skip
+        if not filename.startswith(_PERF_DIR):
+            where = f"{_short_path(filename)}:{frame.f_lineno} in {frame.f_code.co_name}"
+            chain.append(where)
+            if via is None and not filename.startswith(_TORCH_DIR):
+                via = where
+        frame = frame.f_back
+    # No user frame at all (e.g. the autograd engine's own thread on CUDA).
+    return SyncEvent(op, "<library>", 0, "", "", phase, aten, tuple(chain[:12]), via, simulated)
+
+
+# -- layer 1: aten ops (TorchDispatchMode) ----------------------------------------------
+
+aten = torch.ops.aten
+
+
+def _arg(args: tuple, kwargs: dict, index: int, name: str, default: Any = None) -> Any:
+    if len(args) > index:
+        return args[index]
+    return kwargs.get(name, default)
+
+
+def _has_mask(indices: Any) -> bool:
+    return any(
+        isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in indices or ()
+    )
+
+
+def _index_put_syncs(d: SyncDetector, args: tuple, kwargs: dict) -> bool:
+    self_, indices, value = args[0], args[1], args[2]
+    if not (d.on_device(self_) and _has_mask(indices)):
+        return False
+    accumulate = bool(_arg(args, kwargs, 3, "accumulate", False))
+    # A one-element host value with one mask becomes masked_fill_ (no read-back). In the
+    # CPU simulation the value is always "on the device", so a 0-dim value is trusted to
+    # be the Python scalar that Python indexing passes.
+    host_scalar = value.numel() == 1 and (
+        not d.on_device(value) or (d.device_type == "cpu" and value.dim() == 0)
+    )
+    return accumulate or not host_scalar
+
+
+def _copy_syncs(d: SyncDetector, src: torch.Tensor, dst_device: Any, non_blocking: bool) -> bool:
+    """A blocking copy between the host and the device (CUDA only: a CPU has neither side)."""
+    if d.device_type == "cpu" or non_blocking or dst_device is None:
+        return False
+    dst = torch.device(dst_device).type
+    to_host = d.on_device(src) and dst == "cpu"
+    return to_host or (src.device.type == "cpu" and dst == d.device_type)
+
+
+# packet -> (name, does this call sync? (detector, args, kwargs) -> bool)
+_ATEN_SYNCS: dict[Any, tuple[str, Callable[[SyncDetector, tuple, dict], bool]]] = {}
+
+
+def _first_on_device(d: SyncDetector, args: tuple, kwargs: dict) -> bool:
+    return bool(args) and d.on_device(args[0])
+
+
+def _add(names: tuple[str, ...], label: str, check=_first_on_device) -> None:
+    for name in names:
+        packet = getattr(aten, name, None)
+        if packet is not None:
+            _ATEN_SYNCS[packet] = (label, check)
+
+
+_add(("_local_scalar_dense",), "scalar read (.item(), float(t), bool(t), a tensor as a number)")
+_add(("nonzero",), "nonzero / argwhere / torch.where(cond)")
+_add(
+    ("index", "_unsafe_index"),
+    "x[mask] (boolean-mask index)",
+    lambda d, a, k: d.on_device(a[0]) and _has_mask(a[1]),
+)
+_add(
+    ("index_put", "index_put_", "_index_put_impl_", "_unsafe_index_put"),
+    "x[mask] = tensor (boolean-mask assignment)",
+    _index_put_syncs,
+)
+_add(("masked_select",), "masked_select")
+_add(
+    ("masked_fill", "masked_fill_"),
+    "masked_fill with a tensor value",
+    lambda d, a, k: len(a) > 2 and d.on_device(a[0]) and d.on_device(a[2]),
+)
+_add(
+    ("_unique", "_unique2", "unique_dim", "unique_consecutive", "unique_dim_consecutive"), "unique"
+)
+_add(
+    ("repeat_interleave",),
+    "repeat_interleave without output_size",
+    lambda d, a, k: d.on_device(a[0]) and k.get("output_size") is None,
+)
+_add(("bincount",), "bincount")
+_add(
+    ("histc",),
+    "histc without min/max",
+    lambda d, a, k: d.on_device(a[0]) and _arg(a, k, 2, "min", 0) == _arg(a, k, 3, "max", 0),
+)
+_add(("equal",), "torch.equal")
+_add(("allclose",), "torch.allclose")
+_add(("multinomial",), "multinomial")
+_add(("_linalg_check_errors",), "linalg error check (inv, cholesky, solve, ...)")
+_add(
+    ("_ctc_loss", "ctc_loss"),
+    "ctc_loss with length tensors",
+    lambda d, a, k: any(d.on_device(x) for x in a[2:4]),
+)
+_add(
+    ("_to_copy",),
+    "blocking copy between host and device",
+    lambda d, a, k: _copy_syncs(d, a[0], k.get("device"), bool(k.get("non_blocking", False))),
+)
+_add(
+    ("copy_",),
+    "blocking copy between host and device",
+    lambda d, a, k: (
+        _copy_syncs(d, a[1], a[0].device, bool(_arg(a, k, 2, "non_blocking", False)))
+        or _copy_syncs(d, a[1], None, False)
+    ),
+)
+
+
+class _DispatchLayer(TorchDispatchMode):
+    def __init__(self, detector: SyncDetector) -> None:
+        super().__init__()
+        self.d = detector
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        entry = _ATEN_SYNCS.get(func.overloadpacket)
+        d = self.d
+        sync = entry is not None and not d._inside and entry[1](d, args, kwargs)
+        if sync:
+            label = entry[0]
+            site = None
+            if func.overloadpacket in _MASK_BACKWARD_OPS:
+                node = torch._C._current_autograd_node()
+                if node is not None:
+                    label = "backward of x[mask] (boolean-mask index)"
+                    site = node.metadata.get(_SITE_KEY)
+            d.record(label, aten=str(func), site=site)
+            d._inside += 1
+        if d._track_ops:
+            d._ops.append(str(func))
+        try:
+            return func(*args, **kwargs)
+        finally:
+            if d._track_ops:
+                d._ops.pop()
+            if sync:
+                d._inside -= 1
+
+
+_MASK_BACKWARD_OPS = {
+    getattr(aten, n) for n in ("index_put", "index_put_", "_index_put_impl_") if hasattr(aten, n)
+}
+_SITE_KEY = "template_sync_site"
+
+
+# -- layer 2: Python-level reads (TorchFunctionMode) --------------------------------------
+
+
+def _to_target(args: tuple, kwargs: dict) -> tuple[Any, bool]:
+    device, _dtype, non_blocking, _fmt = torch._C._nn._parse_to(*args[1:], **kwargs)
+    return device, bool(non_blocking)
+
+
+def _moves_to_host(d: SyncDetector, args: tuple, kwargs: dict) -> bool:
+    device, non_blocking = _to_target(args, kwargs)
+    # non_blocking=True gives a pinned copy that is filled later: no wait (until read).
+    return device is not None and torch.device(device).type == "cpu" and not non_blocking
+
+
+_PY_READS: dict[Any, tuple[str, Callable[[SyncDetector, tuple, dict], bool] | None]] = {
+    torch.Tensor.item: ("Tensor.item()", None),
+    torch.Tensor.__bool__: ("bool(tensor) (if/while/and/or on a tensor)", None),
+    torch.Tensor.__float__: ("float(tensor)", None),
+    torch.Tensor.__int__: ("int(tensor)", None),
+    torch.Tensor.__index__: ("tensor used as an index (__index__)", None),
+    torch.Tensor.__complex__: ("complex(tensor)", None),
+    torch.Tensor.__format__: ("format(tensor) / f-string", None),
+    torch.Tensor.__repr__: ("print/repr/str(tensor)", None),
+    torch.Tensor.tolist: ("Tensor.tolist()", None),
+    torch.Tensor.numpy: ("Tensor.numpy()", None),
+    torch.Tensor.__array__: ("np.asarray(tensor)", None),
+    torch.Tensor.cpu: ("Tensor.cpu()", None),
+    torch.Tensor.to: ("Tensor.to('cpu')", _moves_to_host),
+}
+
+
+class _FunctionLayer(TorchFunctionMode):
+    def __init__(self, detector: SyncDetector) -> None:
+        super().__init__()
+        self.d = detector
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        d = self.d
+        entry = _PY_READS.get(func)
+        if entry is None:
+            if func is torch.Tensor.__getitem__:
+                return _tag_mask_index(func, args, kwargs)
+            return func(*args, **kwargs)
+        label, check = entry
+        sync = bool(args) and d.on_device(args[0]) and (check is None or check(d, args, kwargs))
+        if sync:
+            # In the simulation .to(cpu) is also what a GPU run's move to the device becomes.
+            d.record(label, simulated=func is torch.Tensor.to and d.device_type == "cpu")
+            d._inside += 1  # the ops it runs underneath are this same sync
+        if d._track_ops:
+            d._ops.append(label)
+        try:
+            return func(*args, **kwargs)
+        finally:
+            if d._track_ops:
+                d._ops.pop()
+            if sync:
+                d._inside -= 1
+
+
+def _tag_mask_index(func, args: tuple, kwargs: dict):
+    """x[mask]: remember the forward line on the autograd node, for its backward's sync."""
+    out = func(*args, **kwargs)
+    index = args[1] if len(args) > 1 else None
+    indices = index if isinstance(index, tuple) else (index,)
+    grad_fn = getattr(out, "grad_fn", None)
+    if grad_fn is not None and _has_mask(indices):
+        grad_fn.metadata[_SITE_KEY] = _event_here("x[mask]", "forward", None)
+    return out
+
+
+# -- layer 3: explicit synchronize() ---------------------------------------------------------
+
+
+class _SynchronizeHooks:
+    """Wraps the synchronize() entry points while at least one detector is active."""
+
+    _lock = threading.Lock()
+    _active: list[SyncDetector] = []
+    _saved: list[tuple[Any, str, Any]] = []
+
+    @classmethod
+    def _targets(cls) -> list[tuple[Any, str, str, str | None]]:
+        out: list[tuple[Any, str, str, str | None]] = [
+            (torch.cuda, "synchronize", "torch.cuda.synchronize()", "cuda"),
+            (torch.cuda.Stream, "synchronize", "Stream.synchronize()", "cuda"),
+            (torch.cuda.Event, "synchronize", "Event.synchronize()", "cuda"),
+        ]
+        if hasattr(torch, "cpu") and hasattr(torch.cpu, "synchronize"):
+            out.append((torch.cpu, "synchronize", "torch.cpu.synchronize()", "cpu"))
+        accelerator = getattr(torch, "accelerator", None)
+        if accelerator is not None and hasattr(accelerator, "synchronize"):
+            out.append((accelerator, "synchronize", "torch.accelerator.synchronize()", None))
+        return out
+
+    @classmethod
+    @contextlib.contextmanager
+    def install(cls, detector: SyncDetector) -> Iterator[None]:
+        with cls._lock:
+            if not cls._active:
+                for owner, attr, label, device in cls._targets():
+                    original = getattr(owner, attr)
+                    cls._saved.append((owner, attr, original))
+                    setattr(owner, attr, cls._wrap(original, label, device))
+            cls._active.append(detector)
+        try:
+            yield
+        finally:
+            with cls._lock:
+                cls._active.remove(detector)
+                if not cls._active:
+                    for owner, attr, original in reversed(cls._saved):
+                        setattr(owner, attr, original)
+                    cls._saved.clear()
+
+    @classmethod
+    def _wrap(cls, original: Callable, label: str, device: str | None) -> Callable:
+        def synchronize(*args, **kwargs):
+            me = threading.get_ident()
+            for d in list(cls._active):
+                if d._thread == me and (device is None or device == d.device_type):
+                    d.record(label)
+            return original(*args, **kwargs)
+
+        synchronize.__wrapped__ = original
+        return synchronize
+
+
+__all__ = ["SyncDetector", "SyncError", "SyncEvent", "assert_no_syncs", "detect_syncs"]

@@ -1,0 +1,392 @@
+"""The sync detector alone (template.perf, no Lightning), in the CPU simulation.
+
+One case per row of the coverage list: each must be reported once, with this file's
+line; clean cases must report nothing.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from template.perf import SyncError, assert_no_syncs, detect_syncs
+from template.perf.sampling import WatchSchedule
+from template.perf.sync_sites import SyncSiteTable, fix_hint
+from template.perf.syncs import SyncDetector
+
+x = torch.arange(6.0)
+mask = x > 2
+
+
+def _item():
+    return x.sum().item()
+
+
+def _float():
+    return float(x.sum())
+
+
+def _int():
+    return int(x.sum())
+
+
+def _bool():
+    if x.sum() > 0:
+        return 1
+
+
+def _fstring():
+    return f"{x.sum():.3f}"
+
+
+def _print(capsys=None):
+    print(x)
+
+
+def _repr():
+    return repr(x)
+
+
+def _str():
+    return str(x)
+
+
+def _full():
+    return torch.full((2,), x.sum())
+
+
+def _arange():
+    return torch.arange(x.sum())
+
+
+def _nonzero():
+    return x.nonzero()
+
+
+def _argwhere():
+    return torch.argwhere(mask)
+
+
+def _where_one_arg():
+    return torch.where(mask)
+
+
+def _mask_index():
+    return x[mask]
+
+
+def _mask_assign_tensor():
+    y = x.clone()
+    y[mask] = torch.ones(3)
+
+
+def _masked_select():
+    return x.masked_select(mask)
+
+
+def _masked_fill_tensor():
+    return x.masked_fill(mask, x.sum())
+
+
+def _unique():
+    return torch.unique(x)
+
+
+def _unique_consecutive():
+    return torch.unique_consecutive(x)
+
+
+def _repeat_interleave():
+    return x.repeat_interleave(torch.full((6,), 2))
+
+
+def _bincount():
+    return torch.bincount(torch.tensor([0, 1, 1]))
+
+
+def _histc():
+    return torch.histc(x)
+
+
+def _equal():
+    return torch.equal(x, x)
+
+
+def _allclose():
+    return torch.allclose(x, x)
+
+
+def _multinomial():
+    return torch.multinomial(x + 1, 1)
+
+
+def _linalg_inv():
+    return torch.linalg.inv(torch.eye(2))
+
+
+def _ctc_loss():
+    logp = torch.randn(5, 1, 3).log_softmax(2)
+    targets, lengths = torch.tensor([[1, 2]]), (torch.tensor([5]), torch.tensor([2]))
+    return torch.nn.functional.ctc_loss(logp, targets, *lengths)
+
+
+def _cpu():
+    return x.cpu()
+
+
+def _to_cpu():
+    return x.to("cpu")
+
+
+def _tolist():
+    return x.tolist()
+
+
+def _numpy():
+    return x.numpy()
+
+
+def _np_asarray():
+    return np.asarray(x)
+
+
+def _synchronize():
+    torch.cpu.synchronize()
+
+
+SYNCS = [
+    (_item, "Tensor.item()"),
+    (_float, "float(tensor)"),
+    (_int, "int(tensor)"),
+    (_bool, "bool(tensor)"),
+    (_fstring, "format(tensor)"),
+    (_print, "print/repr/str"),
+    (_repr, "print/repr/str"),
+    (_str, "print/repr/str"),
+    (_full, "scalar read"),
+    (_arange, "scalar read"),
+    (_nonzero, "nonzero"),
+    (_argwhere, "nonzero"),
+    (_where_one_arg, "nonzero"),
+    (_mask_index, "x[mask]"),
+    (_mask_assign_tensor, "x[mask] = tensor"),
+    (_masked_select, "masked_select"),
+    (_masked_fill_tensor, "masked_fill with a tensor"),
+    (_unique, "unique"),
+    (_unique_consecutive, "unique"),
+    (_repeat_interleave, "repeat_interleave"),
+    (_bincount, "bincount"),
+    (_histc, "histc"),
+    (_equal, "torch.equal"),
+    (_allclose, "torch.allclose"),
+    (_multinomial, "multinomial"),
+    (_linalg_inv, "linalg"),
+    (_ctc_loss, "ctc_loss"),
+    (_cpu, "Tensor.cpu()"),
+    (_to_cpu, "Tensor.to('cpu')"),
+    (_tolist, "Tensor.tolist()"),
+    (_numpy, "Tensor.numpy()"),
+    (_np_asarray, "np.asarray"),
+    (_synchronize, "torch.cpu.synchronize()"),
+]
+
+
+@pytest.mark.parametrize(("fn", "op"), SYNCS, ids=[f.__name__.strip("_") for f, _ in SYNCS])
+def test_each_sync_is_reported_once_at_the_users_line(fn, op):
+    with detect_syncs(device_type="cpu") as rec:
+        fn()
+    assert len(rec.events) == 1, [str(e) for e in rec.events]
+    event = rec.events[0]
+    assert op in event.op
+    assert event.filename == __file__
+    assert event.function == fn.__name__
+    # the line is the one inside fn that made the call
+    lines = fn.__code__.co_positions() if hasattr(fn.__code__, "co_positions") else None
+    assert fn.__code__.co_firstlineno < event.lineno <= fn.__code__.co_firstlineno + 3, lines
+    assert event.code and event.phase == "forward"
+    assert fix_hint(event)
+
+
+def _clean():
+    y = x * 2 + 1
+    _ = (y.shape, y.dtype, y.device, y.ndim, y.numel(), len(y), y.size(0))
+    _ = torch.where(mask, y, 0.0)  # three arguments: elementwise
+    _ = y.index_select(0, torch.tensor([0, 2]))
+    _ = y.masked_fill(mask, 0.5)  # a Python scalar
+    _ = torch.nonzero_static(mask, size=6)
+    z = y.clone()
+    z[mask] = 0.0  # becomes masked_fill_
+    _ = y.to(torch.float64), y.to("cpu", non_blocking=True)
+    _ = y.repeat_interleave(2), y.repeat_interleave(torch.full((6,), 2), output_size=12)
+    _ = torch.histc(y, bins=4, min=0, max=10)
+    w = torch.nn.Parameter(torch.randn(6))
+    opt = torch.optim.SGD([w], lr=0.1, momentum=0.9)
+    loss = ((w * y).sum() - 1) ** 2
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    _ = torch.nn.functional.cross_entropy(torch.randn(4, 3), torch.tensor([0, 1, 2, 0]))
+
+
+def test_operations_that_do_not_sync_are_never_reported():
+    with detect_syncs(device_type="cpu") as rec:
+        _clean()
+    assert rec.events == [], [str(e) for e in rec.events]
+
+
+def test_backward_of_a_mask_index_names_the_forward_line():
+    w = torch.randn(6, requires_grad=True)
+    with detect_syncs(device_type="cpu") as rec:
+        picked = w[mask]  # forward: a sync here
+        picked.sum().backward()
+    ops = [(e.op, e.phase) for e in rec.events]
+    assert ops == [
+        ("x[mask] (boolean-mask index)", "forward"),
+        ("backward of x[mask] (boolean-mask index)", "backward"),
+    ]
+    assert rec.events[0].lineno == rec.events[1].lineno
+    assert rec.events[1].code == "picked = w[mask]  # forward: a sync here"
+
+
+def test_a_library_read_names_the_users_call_and_the_library_line():
+    from lightning.fabric.utilities.apply_func import convert_tensors_to_scalars
+
+    with detect_syncs(device_type="cpu") as rec:
+        convert_tensors_to_scalars({"loss": x.sum()})
+    (event,) = rec.events
+    assert event.filename == __file__
+    assert "convert_tensors_to_scalars" in event.code
+    assert event.via is not None
+    assert event.via.startswith("lightning/fabric/utilities/apply_func.py")
+    assert event.chain[0] == event.via
+
+
+def test_device_type_decides_what_counts():
+    # with "cuda" as the device, CPU tensors are host memory: nothing here syncs
+    with detect_syncs(device_type="cuda") as rec:
+        x.sum().item()
+        print(x)
+        x.nonzero()
+    assert rec.events == []
+
+
+def test_strict_raises_before_the_op_with_the_line():
+    with pytest.raises(SyncError, match=r"Tensor\.item\(\) at .*test_syncs.py:\d+"):  # noqa: SIM117
+        with detect_syncs(device_type="cpu", strict=True):
+            x.sum().item()
+
+
+def test_events_accumulate_over_entries_and_hooks_are_restored():
+    original = torch.cpu.synchronize
+    det = SyncDetector("cpu")
+    with det:
+        x.sum().item()
+    x.sum().item()  # not watched
+    with det:
+        torch.cpu.synchronize()
+    assert torch.cpu.synchronize is original
+    assert [e.op for e in det.take()] == ["Tensor.item()", "torch.cpu.synchronize()"]
+    assert det.events == []
+    with pytest.raises(RuntimeError, match="already active"), det, det:
+        pass
+    assert not det.active
+
+
+def test_nested_detectors_both_record():
+    with detect_syncs(device_type="cpu") as outer:
+        with detect_syncs(device_type="cpu") as inner:
+            x.sum().item()
+            torch.cpu.synchronize()
+        x.tolist()
+    assert len(inner.events) == 2
+    assert len(outer.events) == 3
+
+
+class _Squares(Dataset):
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        t = torch.tensor(float(i))
+        return t * t, int(t)  # host tensors read on the host: not a device sync
+
+
+def test_the_data_loader_in_the_main_process_is_not_a_device():
+    loader = DataLoader(_Squares(), batch_size=4, num_workers=0)
+    with detect_syncs(device_type="cpu") as rec:
+        for batch in loader:
+            batch[0].mul_(2)
+    assert rec.events == []
+
+
+def test_to_cpu_is_marked_as_simulation_only():
+    with detect_syncs(device_type="cpu") as rec:
+        x.to("cpu")
+        x.cpu()
+    assert [e.simulated for e in rec.events] == [True, False]
+
+
+def test_assert_no_syncs_returns_the_result_or_lists_every_line():
+    assert assert_no_syncs(lambda a: a * 2, x).sum() == 30
+    with pytest.raises(AssertionError) as err:
+        assert_no_syncs(lambda: (_item(), _nonzero()))
+    message = str(err.value)
+    assert "made 2 host-device sync(s)" in message
+    assert "test_syncs.py" in message and "in _item" in message and "in _nonzero" in message
+
+
+def test_the_no_syncs_fixture(no_syncs, pytester=None):
+    with no_syncs(device_type="cpu"):
+        x * 2
+    with pytest.raises(pytest.fail.Exception, match="1 host-device sync"), no_syncs():
+        x.sum().item()
+
+
+# -- aggregation and sampling ----------------------------------------------------------
+
+
+def test_site_table_counts_merges_and_renders_hints():
+    with detect_syncs(device_type="cpu") as rec:
+        for _ in range(3):
+            _item()
+    table = SyncSiteTable()
+    table.add_all(rec.take(), step=5, logging=False)
+    other = SyncSiteTable()
+    with detect_syncs(device_type="cpu") as rec:
+        _item()
+    other.add_all(rec.take(), step=7, logging=True)
+    table.merge(other.rows())
+    (site,) = table.sites.values()
+    assert (site.count, site.steady_count, site.steps) == (4, 3, [5, 7])
+    text = "\n".join(table.render())
+    assert "4x" in text and "test_syncs.py" in text and "fix: log the tensor with self.log" in text
+
+
+def test_watch_schedule_first_steps_then_the_budgeted_interval():
+    s = WatchSchedule(budget=0.01, first=3)
+    assert [s.should_watch(i) for i in range(6)] == [True, True, True, False, False, False]
+    s.update(watched_s=0.111, plain_s=0.100)  # +11% per watched step
+    assert s.interval == 11  # 11% / 11 = 1% amortised
+    watched = [i for i in range(6, 60) if s.should_watch(i)]
+    assert watched == [13, 24, 35, 46, 57]
+    s.update(0.100, 0.100)  # free: still leaves plain steps to measure against
+    assert s.interval == 2
+    s.update(10.0, 0.01)  # very costly: capped
+    assert s.interval == s.max_interval
+    assert WatchSchedule.overhead(0.111, 0.100) == pytest.approx(0.11)
+
+
+def test_watch_schedules_with_the_same_updates_agree():
+    a, b = WatchSchedule(), WatchSchedule()
+    seen = []
+    for step in range(200):
+        wa, wb = a.should_watch(step), b.should_watch(step)
+        seen.append(wa == wb)
+        a.observe(wa, 0.2 if wa else 0.1)
+        b.observe(wb, 0.25 if wb else 0.1)  # another rank measures differently...
+        if step % 20 == 19:  # ...but both apply the reduced figures
+            a.update(0.25, 0.1)
+            b.update(0.25, 0.1)
+    assert all(seen)

@@ -129,3 +129,28 @@ def unroute(loader: Any) -> None:
         loader.__class__ = type(loader)._tpl_base
         for name in ("_tpl_iterator", "_tpl_make_iterator"):
             loader.__dict__.pop(name, None)
+
+
+def throttle_sigterm_broadcast(trainer: pl.Trainer, due: Callable[[], bool]) -> Callable[[], None]:
+    """Make the training loop's per-step SIGTERM broadcast run only when ``due()`` says.
+
+    ``due`` must answer the same on every rank at the same step (it gates a collective).
+    Returns a function that restores Lightning's own behaviour.
+    """
+    loop = trainer.fit_loop.epoch_loop
+    # Private: _TrainingEpochLoop._broadcast_sigterm_tensor (Lightning 2.5.2 to 2.6), called
+    # at the start of advance() under DDP. Older releases have no per-step check.
+    original = getattr(type(loop), "_broadcast_sigterm_tensor", None)
+    if original is None:
+        return lambda: None
+
+    def broadcast_when_due() -> None:
+        if due():
+            original(loop)
+
+    loop._broadcast_sigterm_tensor = broadcast_when_due
+
+    def undo() -> None:
+        loop.__dict__.pop("_broadcast_sigterm_tensor", None)
+
+    return undo

@@ -1,7 +1,8 @@
 """A callback the DDP test adds from the command line: it records what each rank trained on.
 
 Each rank writes ``shards/rank<N>.txt``: its run directory, then one line per image with
-the hex digest of the image's uint8 bytes (recovered from the normalised batch).
+the hex digest of the image's uint8 bytes (recovered from the normalised batch). Its
+per-step ``.cpu()`` is a host read of its own, which the sync detector reports.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from pathlib import Path
 import lightning.pytorch as pl
 import torch
 
+from template.callbacks import SigtermCheckInterval
 from template.log import get_logger
 
 log = get_logger(__name__)
@@ -31,4 +33,8 @@ class RecordShards(pl.Callback):
         out.mkdir(exist_ok=True)
         lines = [trainer.log_dir, *self.digests]
         (out / f"rank{trainer.global_rank}.txt").write_text("\n".join(lines))
-        log.info("trained on %d images", len(self.digests), rank_zero_only=False)
+        checks = [c.checks for c in trainer.callbacks if isinstance(c, SigtermCheckInterval)]
+        log.info(
+            "trained on %d images; SIGTERM checks %s", len(self.digests), checks,
+            rank_zero_only=False,
+        )  # fmt: skip

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 
 import pytest
 
@@ -12,14 +13,15 @@ from tests.conftest import DEBUG, DEFAULT, run_entry_point
 
 @pytest.mark.slow
 def test_two_rank_cpu_ddp_trains_disjoint_shards_and_logs_once(tmp_path):
-    size = 256
+    size = 512  # 8 batches of 32 per rank
     result = run_entry_point(
         [
             "fit", "--config", DEFAULT, "--config", DEBUG,
             "--trainer.accelerator=cpu", "--trainer.devices=2",
             "--trainer.callbacks+=tests.ddp_probe.RecordShards",
             f"--data.synthetic_train_size={size}", "--data.batch_size=32",
-            "--data.augment=false", "--trainer.limit_train_batches=4",
+            "--data.augment=false", "--trainer.limit_train_batches=8",
+            "--trainer.log_every_n_steps=4",
         ],
         cwd=tmp_path,
     )  # fmt: skip
@@ -40,13 +42,24 @@ def test_two_rank_cpu_ddp_trains_disjoint_shards_and_logs_once(tmp_path):
     assert output.count("run directory") == 1
     assert output.count("fit done in") == 1
     assert "over 2 process(es)" in output
-    assert output.count("[rank 0] trained on 128 images") == 1
-    assert output.count("[rank 1] trained on 128 images") == 1
+    # SigtermCheckInterval (every log_every_n_steps = 4 batches): at batches 0 and 4, not 8.
+    assert output.count("[rank 0] trained on 256 images; SIGTERM checks [2]") == 1
+    assert output.count("[rank 1] trained on 256 images; SIGTERM checks [2]") == 1
     # The prefetcher (in the default config) delivered each rank's batches (the shards
     # above are what the steps saw) and reported once, summed over both ranks.
-    assert output.count("prefetch: 8 batches") == 1
+    assert output.count("prefetch: 16 batches") == 1
     metrics = (tmp_path / "runs" / "debug" / "version_0" / "metrics.csv").read_text()
     assert "prefetch/data_wait_ms_slowest_rank" in metrics
+    # The sync detector reported once, from both ranks' sites. In steady state (not a
+    # logging step or the one after), no real sync: Lightning's per-step SIGTERM broadcast
+    # and .item() are gone; what is left is the CPU simulation's own .to("cpu") and this
+    # test's probe.
+    assert output.count("sync points:") == 1
+    saved = json.loads((tmp_path / "runs" / "debug" / "version_0" / "syncs.json").read_text())
+    assert saved["summary"]["watched_steps"] >= 3
+    steady = [s for s in saved["sites"] if s["steady_count"] and "ddp_probe" not in s["filename"]]
+    assert all(s["simulated"] for s in steady), steady
+    assert not [s for s in saved["sites"] if "sigterm" in (s["via"] or "") and s["steady_count"]]
     # Files are written once, by rank zero: one version directory, one config.
     versions = sorted(p.name for p in (tmp_path / "runs" / "debug").iterdir())
     assert versions == ["version_0"]

@@ -127,3 +127,17 @@ def test_combined_loader_can_be_routed_and_restored():
     assert type(loader) is CombinedLoader and not _is_routed(loader)
     iter(loader)
     assert next(loader)[0] == [10]
+
+
+def test_training_loop_broadcasts_sigterm_through_one_method():
+    """SigtermCheckInterval replaces _TrainingEpochLoop._broadcast_sigterm_tensor per instance."""
+    import inspect
+
+    from lightning.pytorch.loops.training_epoch_loop import _TrainingEpochLoop
+
+    assert hasattr(_TrainingEpochLoop, "_broadcast_sigterm_tensor"), (
+        "_TrainingEpochLoop._broadcast_sigterm_tensor was renamed"
+    )
+    # looked up on the instance at every step, so an instance attribute overrides it
+    assert "self._broadcast_sigterm_tensor()" in inspect.getsource(_TrainingEpochLoop.advance)
+    assert ".item()" in inspect.getsource(_TrainingEpochLoop._broadcast_sigterm_tensor)

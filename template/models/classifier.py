@@ -102,9 +102,11 @@ class ImageClassifier(pl.LightningModule):
         if is_logging_step(self.trainer):
             # Mean over the steps since the last log, over all ranks: compute() all-gathers
             # on every rank; Lightning's logger then writes on rank zero.
+            # Not prog_bar=True: Lightning converts prog_bar values to numbers after every
+            # step (an .item() each) for as long as they are cached. LoggingStepProgressBar
+            # shows them, read at logging steps only.
             self.log_dict(
-                {"train/loss": self.train_loss.compute(), "train/acc": self.train_acc.compute()},
-                prog_bar=True,
+                {"train/loss": self.train_loss.compute(), "train/acc": self.train_acc.compute()}
             )
             self.train_loss.reset()
             self.train_acc.reset()

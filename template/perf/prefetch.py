@@ -123,9 +123,10 @@ class InFlightBatch:
 
 
 def _move(batch: Any, device: torch.device, non_blocking: bool) -> Any:
-    return apply_to_collection(
-        batch, torch.Tensor, lambda t: t.to(device, non_blocking=non_blocking)
-    )
+    def move(t: torch.Tensor) -> torch.Tensor:
+        return t if t.device == device else t.to(device, non_blocking=non_blocking)
+
+    return apply_to_collection(batch, torch.Tensor, move)
 
 
 def _has_pageable(batch: Any) -> bool:

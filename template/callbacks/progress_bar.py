@@ -1,0 +1,69 @@
+"""A TQDM progress bar that reads metrics back from the device only at logging steps.
+
+Lightning converts every ``prog_bar=True`` metric to a Python number after *every*
+training step once it has been logged (``_LoggerConnector.on_batch_end`` reads
+``metrics["pbar"]``): one ``.item()``, a host-device sync, per metric per step, whether a
+bar is shown or not. So log training metrics without ``prog_bar`` and let this bar show
+them: it reads ``trainer.callback_metrics`` in the steps whose metrics Lightning writes to
+the loggers anyway (every ``log_every_n_steps``; those values are read back there in any
+case), in validation and at epoch ends, and shows the last values read in between. Its
+counter moves at every refresh (host-only work).
+
+Example::
+
+    trainer = Trainer(callbacks=[LoggingStepProgressBar()], log_every_n_steps=20)
+    # training_step: self.log("train/loss", loss)     (no prog_bar=True)
+"""
+
+from __future__ import annotations
+
+import math
+
+from lightning.pytorch.callbacks import TQDMProgressBar
+from torch import Tensor
+
+from template import lightning_compat as compat
+
+
+class LoggingStepProgressBar(TQDMProgressBar):
+    """``TQDMProgressBar`` that shows logged metrics, read only where reading costs nothing new.
+
+    Args:
+        refresh_rate: batches between refreshes of the counter.
+        leave: keep each epoch's bar on screen.
+        metrics: names of logged metrics to show (None: every scalar logged metric,
+            without the ``_step``/``_epoch`` duplicates).
+    """
+
+    def __init__(
+        self, refresh_rate: int = 1, leave: bool = False, metrics: list[str] | None = None
+    ) -> None:
+        super().__init__(refresh_rate=refresh_rate, leave=leave)
+        self.metrics = metrics
+        self._shown: dict[str, float] = {}
+
+    def get_metrics(self, trainer, pl_module) -> dict:
+        in_training_step = trainer.training and not trainer.sanity_checking
+        if not in_training_step or compat.is_logging_step(trainer):
+            self._shown = self._read(trainer)
+        # super(): the version number and any prog_bar metric (Lightning converts those)
+        return {**super().get_metrics(trainer, pl_module), **self._shown}
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        # Once per epoch: shows the epoch-level values (on_epoch=True) Lightning just reduced.
+        self._shown = self._read(trainer)
+        super().on_train_epoch_end(trainer, pl_module)
+
+    def _read(self, trainer) -> dict[str, float]:
+        shown = {}
+        for name, value in trainer.callback_metrics.items():
+            if self.metrics is None:
+                if name.endswith(("_step", "_epoch")):
+                    continue
+            elif name not in self.metrics:
+                continue
+            if isinstance(value, Tensor) and value.numel() == 1:
+                value = value.item()
+            if isinstance(value, (int, float)) and math.isfinite(value):
+                shown[name] = value
+        return shown

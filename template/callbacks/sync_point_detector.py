@@ -1,0 +1,336 @@
+"""SyncPointDetector: which lines make the host wait for the GPU, step by step.
+
+A watched step runs under ``template.perf.detect_syncs`` from the end of the previous
+step to the end of this one, so the syncs Lightning adds between steps (metric logging,
+the progress bar, the DDP SIGTERM check, the data transfer) are seen with the step's own.
+Validation is not watched, nor the epoch boundaries.
+
+Example::
+
+    trainer = Trainer(callbacks=[SyncPointDetector()])          # watch a 1% sample
+    trainer = Trainer(callbacks=[SyncPointDetector(strict=True)])   # fail CI on a sync
+
+Sampling. The first steps are always watched; after that one step in ``interval``, where
+the interval is set from the measured cost of a watched step against a plain one so that
+the amortised cost stays under ``overhead_budget`` (1% by default). Every rank watches
+the same steps: the interval changes only at logging steps, from figures reduced over
+ranks.
+
+Figures. At each logging step: ``syncs/count`` for every watched step since the last log
+(mean over ranks, at that step), ``syncs/per_step`` and ``syncs/per_steady_step`` (the
+latter leaves out logging steps, where syncs are expected). At the end of fit, rank zero
+prints the call sites of all ranks, with a one-line fix each, and the measured overhead,
+and writes them to ``syncs.json`` in the run directory.
+
+``strict=True`` raises ``template.perf.SyncError`` at the first sync in a watched step
+that is not a logging step, with the line in the message. The detector counts CPU tensors
+as device memory on a CPU-only run (``device_type`` follows the root device), so a CPU
+CI run finds the same lines a GPU run would.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import lightning.pytorch as pl
+import torch
+
+from template import lightning_compat as compat
+from template.log import get_logger
+from template.perf.sampling import WatchSchedule
+from template.perf.sync_sites import SyncSiteTable
+from template.perf.syncs import SyncDetector
+
+log = get_logger(__name__)
+
+_MAX_ROWS = 64  # per-step counts sent per logging window (a fixed size for all_gather)
+
+
+class SyncPointDetector(pl.Callback):
+    """Watch a sample of training steps for host-device syncs and report their lines.
+
+    Args:
+        overhead_budget: share of training time the watched steps may cost (0.01 = 1%).
+        first_steps: steps watched at the start of every fit, whatever they cost.
+        strict: raise at the first sync in a watched non-logging step.
+        device_type: which tensors count as device memory; None follows the root device.
+        log_stats: write ``syncs/*`` at Lightning's logging steps.
+    """
+
+    def __init__(
+        self,
+        overhead_budget: float = 0.01,
+        first_steps: int = 3,
+        strict: bool = False,
+        device_type: str | None = None,
+        log_stats: bool = True,
+    ) -> None:
+        self.schedule = WatchSchedule(budget=overhead_budget, first=first_steps)
+        self.strict = strict
+        self.device_type = device_type
+        self.log_stats = log_stats
+        self.table = SyncSiteTable()
+        self.report_table = self.table  # after fit: the sites of all ranks
+        self.detector: SyncDetector | None = None
+        self.report: dict = {}
+        self._fit_start = 0.0
+        self._reset_run()
+
+    def _reset_run(self) -> None:
+        self._step = 0  # batches seen in this fit: the schedule's clock, equal on all ranks
+        self._watching = False  # the current window is watched
+        self._after_logging = False  # the window began right after a logging step
+        self._clean = True  # no validation or epoch start inside the current window
+        self._window_start: float | None = None
+        self._due = False  # the next step is to be watched
+        # (logger step, epoch, syncs, steady) of the watched steps since the last log
+        self._rows: list[tuple[int, int, int, bool]] = []
+        self._totals = [0, 0, 0, 0]  # watched, syncs, steady watched, steady syncs
+        self._costs: tuple[float | None, float | None] = (None, None)  # watched, plain (s)
+
+    # -- the watched window --------------------------------------------------------
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        device_type = self.device_type or trainer.strategy.root_device.type
+        self.detector = SyncDetector(device_type)
+        self._reset_run()
+        self._due = self.schedule.should_watch(0)
+        self._fit_start = time.perf_counter()
+
+    def on_train_epoch_start(self, trainer, pl_module) -> None:
+        self._stop(keep=False)  # a window open across the epoch boundary is not a step's
+        self._window_start = None
+        self._after_logging = False
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if self._window_start is None:
+            # first step of an epoch: its window starts here
+            self._window_start = time.perf_counter()
+            self._clean = False
+            if self._due:
+                self._start(trainer)
+        self._set_phase("training_step")
+        if self.detector is not None:
+            logging_now = compat.is_logging_step(trainer)
+            self.detector.strict = (
+                self.strict and self._watching and not (logging_now or self._after_logging)
+            )
+
+    def on_before_backward(self, trainer, pl_module, loss) -> None:
+        self._set_phase("backward")
+
+    def on_after_backward(self, trainer, pl_module) -> None:
+        self._set_phase("after backward")
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+        self._set_phase("optimizer step")
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        now = time.perf_counter()
+        logging_now = compat.is_logging_step(trainer)
+        watched = self._watching
+        if watched:
+            events = self._stop(keep=True)
+            steady = not (logging_now or self._after_logging)
+            step = compat.logger_step(trainer)
+            self.table.add_all(events, step=step, logging=not steady)
+            self._rows.append((step, trainer.current_epoch, len(events), steady))
+            self._totals[0] += 1
+            self._totals[1] += len(events)
+            self._totals[2] += int(steady)
+            self._totals[3] += len(events) if steady else 0
+        if self._window_start is not None:
+            seconds = now - self._window_start
+            comparable = self._clean and not (logging_now or self._after_logging)
+            if comparable and self._step > 0:
+                self.schedule.observe(watched, seconds)
+        if logging_now:
+            self._log_window(trainer)
+        # The next window starts now: it sees Lightning's logging, the SIGTERM check, the
+        # data fetch and transfer of the next step.
+        self._step += 1
+        self._after_logging = logging_now
+        self._clean = True
+        self._window_start = time.perf_counter()
+        self._due = self.schedule.should_watch(self._step)
+        if self._due:
+            self._start(trainer)
+            self._set_phase("between steps")
+
+    def on_validation_start(self, trainer, pl_module) -> None:
+        if trainer.state.fn == "fit" and self.detector is not None and self.detector.active:
+            self.detector.__exit__(None, None, None)  # paused: validation is not a step
+        self._clean = False
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if trainer.state.fn == "fit" and self._watching and self.detector is not None:
+            self.detector.__enter__()
+            self._set_phase("between steps")
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        self._stop(keep=False)
+        self._window_start = None
+
+    def on_exception(self, trainer, pl_module, exception) -> None:
+        self._stop(keep=False)
+
+    def teardown(self, trainer, pl_module, stage) -> None:
+        self._stop(keep=False)
+
+    def _start(self, trainer) -> None:
+        if self.detector is None:
+            return
+        self._watching = True
+        self.detector.take()
+        self.detector.strict = False  # armed in on_train_batch_start, once the step is known
+        self.detector.__enter__()
+
+    def _stop(self, keep: bool) -> list:
+        self._watching = False
+        if self.detector is None:
+            return []
+        if self.detector.active:
+            self.detector.__exit__(None, None, None)
+        events = self.detector.take()
+        return events if keep else []
+
+    def _set_phase(self, phase: str) -> None:
+        if self.detector is not None:
+            self.detector.phase = phase
+
+    # -- figures -------------------------------------------------------------------
+
+    def _log_window(self, trainer) -> None:
+        """Reduce this window over ranks (every rank), re-plan sampling, log on rank zero."""
+        rows = self._rows[-_MAX_ROWS:]
+        self._rows = []
+        watched_s, plain_s = self.schedule.estimate()
+        own = [
+            float(len(rows)),
+            float(sum(r[2] for r in rows)),
+            _or_nan(watched_s),
+            _or_nan(plain_s),
+            *[float(r[2]) for r in rows],
+            *[0.0] * (_MAX_ROWS - len(rows)),
+        ]
+        gathered = _gather(trainer, own)
+        # Every rank watched the same steps; the slowest rank's costs set the interval.
+        watched_s, plain_s = _worst_ratio(gathered)
+        self.schedule.update(watched_s, plain_s)
+        self._costs = (watched_s, plain_s)
+        if not (self.log_stats and trainer.is_global_zero and trainer.loggers):
+            return
+        n = int(gathered[0][0])
+        world = len(gathered)
+        per_step = [sum(r[4 + i] for r in gathered) / world for i in range(n)]
+        # "epoch" as Lightning's own rows carry it
+        for (step, epoch, _, _), count in zip(rows, per_step, strict=False):
+            for logger in trainer.loggers:
+                logger.log_metrics({"syncs/count": count, "epoch": epoch}, step=step)
+        if n:
+            metrics = {"syncs/per_step": sum(per_step) / n, "epoch": trainer.current_epoch}
+            steady = [c for (*_, s), c in zip(rows, per_step, strict=False) if s]
+            if steady:
+                metrics["syncs/per_steady_step"] = sum(steady) / len(steady)
+            for logger in trainer.loggers:
+                logger.log_metrics(metrics, step=compat.logger_step(trainer))
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self._stop(keep=False)
+        totals = [float(x) for x in self._totals]
+        if trainer.world_size > 1 and torch.distributed.is_initialized():
+            tables: list = [None] * trainer.world_size
+            torch.distributed.all_gather_object(tables, self.table.rows())
+            merged = SyncSiteTable()
+            for rows in tables:
+                merged.merge(rows)
+            totals = [sum(col) for col in zip(*_gather(trainer, totals), strict=True)]
+        else:
+            merged = self.table
+        self.report_table = merged
+        self.report = self._summary(trainer, totals)
+        log_dir = trainer.log_dir  # a broadcast under DDP: every rank must ask
+        if not trainer.is_global_zero:
+            return
+        if log_dir:  # for CI thresholds and the idle-time report
+            path = Path(log_dir) / "syncs.json"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps({"summary": self.report, "sites": merged.rows()}, indent=1))
+        watched, syncs, steady, steady_syncs = totals
+        log.info(
+            "sync points: %d watched step(s) of %d; %s syncs/step, %s in steady state (not "
+            "logging steps); %s",
+            self.report["watched_steps"],
+            self._step,
+            _per(syncs, watched),
+            _per(steady_syncs, steady),
+            _cost(self.report),
+        )
+        for line in merged.render():
+            log.info("%s", line)
+
+    def _summary(self, trainer, totals: list[float]) -> dict:
+        watched_s, plain_s = self._costs
+        ratio = WatchSchedule.overhead(watched_s, plain_s)
+        amortised = None
+        if ratio is not None:
+            # watched steps per rank x their extra time, against this fit's wall time
+            extra_s = totals[0] / trainer.world_size * ratio * plain_s
+            amortised = extra_s / max(1e-9, time.perf_counter() - self._fit_start)
+        return {
+            "watched_steps": int(totals[0] / trainer.world_size),
+            "steady_watched_steps": int(totals[2] / trainer.world_size),
+            "steps": self._step,
+            "syncs_per_step": _ratio(totals[1], totals[0]),
+            "steady_syncs_per_step": _ratio(totals[3], totals[2]),
+            "watched_step_overhead": ratio,
+            "amortised_overhead": amortised,
+            "interval": self.schedule.interval,
+            "sites": len(self.report_table.sites),
+        }
+
+    def summary(self) -> dict:
+        """Whole-fit figures (after fit; reduced over ranks) for reports."""
+        return dict(self.report)
+
+
+def _gather(trainer, row: list[float]) -> list[list[float]]:
+    if trainer.world_size == 1:
+        return [row]
+    t = torch.tensor(row, dtype=torch.float64, device=trainer.strategy.root_device)
+    return trainer.strategy.all_gather(t).reshape(trainer.world_size, -1).cpu().tolist()
+
+
+def _worst_ratio(rows: list[list[float]]) -> tuple[float | None, float | None]:
+    best: tuple[float | None, float | None] = (None, None)
+    worst = -1.0
+    for r in rows:
+        w, p = r[2], r[3]
+        if w == w and p == p and p > 0 and (w - p) / p > worst:  # NaN != NaN: not sampled
+            worst, best = (w - p) / p, (w, p)
+    if best == (None, None):
+        w = [r[2] for r in rows if r[2] == r[2]]
+        return (max(w) if w else None), None
+    return best
+
+
+def _or_nan(x: float | None) -> float:
+    return float("nan") if x is None else x
+
+
+def _ratio(a: float, b: float) -> float | None:
+    return a / b if b else None
+
+
+def _per(a: float, b: float) -> str:
+    return "n/a" if not b else f"{a / b:.2f}"
+
+
+def _cost(report: dict) -> str:
+    w, a = report.get("watched_step_overhead"), report.get("amortised_overhead")
+    if w is None:
+        return "overhead not measured (too few steps)"
+    amort = "n/a" if a is None else f"{100 * a:.2f}%"
+    return f"a watched step costs +{100 * w:.0f}%, amortised {amort} of fit time"

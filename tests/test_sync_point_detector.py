@@ -1,0 +1,191 @@
+"""SyncPointDetector and the sync-free default step, in real fits on the CPU."""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import types
+
+import lightning.pytorch as pl
+import pytest
+import torch
+
+from template.callbacks import LoggingStepProgressBar, SigtermCheckInterval, SyncPointDetector
+from template.data import ImageDataModule
+from template.models import ImageClassifier, classifier
+from template.perf import SyncError, assert_no_syncs
+from tests.conftest import DEBUG, DEFAULT
+
+
+def _fit(tmp_path, model, callbacks, **trainer_args):
+    defaults = dict(
+        accelerator="cpu",
+        max_epochs=1,
+        limit_train_batches=12,
+        limit_val_batches=1,
+        log_every_n_steps=5,
+        num_sanity_val_steps=0,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        logger=pl.loggers.CSVLogger(tmp_path),
+        default_root_dir=tmp_path,
+    )
+    trainer = pl.Trainer(callbacks=callbacks, **{**defaults, **trainer_args})
+    data = ImageDataModule(
+        batch_size=8, synthetic_train_size=128, synthetic_val_size=16, num_workers=0
+    )
+    trainer.fit(model, data)
+    return trainer
+
+
+class ItemInStep(ImageClassifier):
+    def training_step(self, batch, batch_idx):
+        loss = super().training_step(batch, batch_idx)
+        self.last_loss = loss.item()  # the user's sync
+        return loss
+
+    def validation_step(self, batch, batch_idx):
+        super().validation_step(batch, batch_idx)
+        batch[1].sum().item()  # in validation: not a training step, not watched
+
+
+def test_reports_the_users_line_with_a_fix_once(tmp_path, caplog):
+    detector = SyncPointDetector(first_steps=100)  # watch every step
+    with caplog.at_level(logging.INFO):
+        trainer = _fit(tmp_path, ItemInStep(width=4), [detector], max_epochs=2)
+    sites = [s for s in detector.report_table.sites.values() if s.function == "training_step"]
+    user = [s for s in sites if "self.last_loss = loss.item()" in s.code]
+    assert len(user) == 1
+    (site,) = user
+    assert site.filename == __file__ and site.op == "Tensor.item()"
+    assert site.count == 24  # every step of both epochs, once
+    # logging steps 4, 9, 14, 19 and the windows right after them (Lightning writes then)
+    assert site.steady_count == 24 - 8
+    assert "self.log" in site.hint
+    assert not [s for s in detector.report_table.sites.values() if "batch[1]" in s.code]
+    report = [r.getMessage() for r in caplog.records if "sync points:" in r.getMessage()]
+    assert len(report) == 1 and "24 watched step(s) of 24" in report[0]
+    assert any("self.last_loss = loss.item()" in r.getMessage() for r in caplog.records)
+    saved = json.loads((tmp_path / "lightning_logs" / "version_0" / "syncs.json").read_text())
+    assert saved["summary"]["watched_steps"] == 24
+    codes = [s["code"] for s in saved["sites"]]
+    assert "self.last_loss = loss.item()  # the user's sync" in codes
+    with (tmp_path / "lightning_logs" / "version_0" / "metrics.csv").open() as f:
+        rows = [r for r in csv.DictReader(f) if r.get("syncs/count")]
+    assert len(rows) == 20  # the watched steps up to the last logging step
+    assert all(float(r["syncs/count"]) >= 1 for r in rows)
+    assert trainer.global_step == 24
+
+
+def test_strict_stops_at_the_first_sync_naming_the_line(tmp_path):
+    with pytest.raises(SyncError, match=r"Tensor\.item\(\) at .*test_sync_point_detector.py"):
+        _fit(tmp_path, ItemInStep(width=4), [SyncPointDetector(strict=True)])
+
+
+def test_default_sampling_stays_within_budget_and_watches_the_first_steps(tmp_path):
+    detector = SyncPointDetector()
+    _fit(tmp_path, ImageClassifier(width=4), [detector], limit_train_batches=16, max_epochs=2)
+    report = detector.summary()
+    assert report["steps"] == 32
+    assert 3 <= report["watched_steps"] < 32
+    assert report["interval"] is not None and report["interval"] >= 2
+    assert report["watched_step_overhead"] is not None
+
+
+def test_the_default_config_step_is_sync_free_in_steady_state(tmp_path, monkeypatch):
+    """Every sync the CPU simulation sees outside logging steps is a simulation artefact."""
+    from template.callbacks import sync_point_detector
+    from template.train import main
+
+    # Watch every step (the configured budget would watch only the first few here).
+    class WatchAll(sync_point_detector.WatchSchedule):
+        def __init__(self, budget, first):
+            super().__init__(budget=budget, first=1000)
+
+    monkeypatch.setattr(sync_point_detector, "WatchSchedule", WatchAll)
+    monkeypatch.chdir(tmp_path)
+    code = main(
+        [
+            "fit", "--config", DEFAULT, "--config", DEBUG,
+            "--trainer.limit_train_batches=12", "--trainer.max_epochs=2",
+            "--trainer.log_every_n_steps=5", "--data.num_workers=2",
+        ]
+    )  # fmt: skip
+    assert code == 0
+    saved = json.loads((tmp_path / "runs" / "debug" / "version_0" / "syncs.json").read_text())
+    assert saved["summary"]["watched_steps"] == 24
+    steady = [s for s in saved["sites"] if s["steady_count"]]
+    assert all(s["simulated"] for s in steady), steady
+    # What remains in steady state is Lightning's transfer: .to(device) of the two
+    # batch tensors, which on a GPU is the (already prefetched) move to the device.
+    assert {s["via"].split(":")[0] for s in steady} <= {"lightning/fabric/utilities/apply_func.py"}
+    # Logging steps do read back (the model's metrics, Lightning's logger conversion).
+    assert [s for s in saved["sites"] if not s["steady_count"]]
+
+
+def test_the_example_training_step_is_sync_free(no_syncs, monkeypatch):
+    """Augmentation, forward, loss, metrics, backward and optimizer step: no host reads."""
+    model = ImageClassifier(num_classes=10, width=4)
+    # A step between logging steps (at a logging step the metrics are read, by design).
+    monkeypatch.setattr(classifier, "is_logging_step", lambda trainer: False)
+    monkeypatch.setattr(ImageClassifier, "trainer", property(lambda self: None))
+    data = ImageDataModule(batch_size=8)
+    data.trainer = types.SimpleNamespace(training=True)  # random crop and flip on
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, nesterov=True)
+    images = torch.randint(0, 256, (8, 3, 32, 32), dtype=torch.uint8)
+    batch = (images, torch.randint(0, 10, (8,)))
+
+    def step():
+        augmented = data.on_after_batch_transfer(batch, 0)
+        loss = model.training_step(augmented, 0)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        return loss
+
+    loss = assert_no_syncs(step)
+    with no_syncs(device_type="cpu"):
+        step()
+    # the accumulated metrics are right once read
+    assert model.train_loss.update_count == 2 and torch.isfinite(loss)
+
+
+def test_progress_bar_reads_metrics_only_at_logging_steps(tmp_path):
+    reads = []
+
+    class CountingBar(LoggingStepProgressBar):
+        def _read(self, trainer):
+            reads.append((trainer.training, trainer.global_step))
+            return super()._read(trainer)
+
+    bar = CountingBar(refresh_rate=1)
+    _fit(tmp_path, ImageClassifier(width=4), [bar], limit_val_batches=0)
+    training_reads = sorted({step for training, step in reads if training})
+    # after the logging steps (every 5th; global_step has moved on by then) and the epoch end
+    assert training_reads == [5, 10, 12], reads
+    assert "train/loss" in bar._shown
+
+
+def test_sigterm_check_runs_every_n_batches(tmp_path):
+    trainer = pl.Trainer(accelerator="cpu", logger=False, enable_checkpointing=False)
+    callback = SigtermCheckInterval(every_n_steps=4)
+    loop = trainer.fit_loop.epoch_loop
+    calls = []
+    original = type(loop)._broadcast_sigterm_tensor
+    type(loop)._broadcast_sigterm_tensor = lambda self: calls.append(
+        self.batch_progress.total.ready
+    )
+    try:
+        callback.on_fit_start(trainer, None)
+        for _ in range(10):
+            loop._broadcast_sigterm_tensor()
+            loop.batch_progress.increment_ready()
+        callback.teardown(trainer, None, "fit")
+        loop._broadcast_sigterm_tensor()  # restored: every step again
+    finally:
+        type(loop)._broadcast_sigterm_tensor = original
+    assert calls == [0, 4, 8, 10]
+    assert callback.checks == 3
+    with pytest.raises(ValueError, match="every_n_steps"):
+        SigtermCheckInterval(every_n_steps=0)

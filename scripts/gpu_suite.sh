@@ -22,10 +22,14 @@ PY
 "$py" -m pytest -m gpu -p no:cacheprovider -q -o addopts="-ra --strict-markers" \
     --junitxml="$out/gpu_tests.xml" 2>&1 | tee "$out/gpu_tests.txt"
 tests_rc=${PIPESTATUS[0]}
-"$py" -m bench.prefetch --out "$out" 2>&1 | grep -v "^\s*$" > "$out/prefetch.txt"
-bench_rc=$?
+"$py" -m bench.prefetch --out "$out" > "$out/prefetch.txt" 2>&1
+prefetch_rc=$?
+"$py" -m bench.syncs --device cuda --out "$out" > "$out/syncs.txt" 2>&1
+syncs_rc=$?
 echo
 echo "== GPU tests: $(tail -n 1 "$out/gpu_tests.txt")"
 echo "== prefetch benchmark (python -m bench.prefetch):"
 grep -A 10 "^copy of one batch" "$out/prefetch.txt" || tail -n 20 "$out/prefetch.txt"
-exit $(( tests_rc != 0 || bench_rc != 0 ))
+echo "== sync detector benchmark (python -m bench.syncs --device cuda):"
+grep -A 10 "^detector cost" "$out/syncs.txt" || tail -n 20 "$out/syncs.txt"
+exit $(( tests_rc != 0 || prefetch_rc != 0 || syncs_rc != 0 ))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import lightning.pytorch as pl
 import pytest
 import torch
 
@@ -130,7 +131,6 @@ def test_copies_of_the_next_batch_overlap_the_current_steps_kernels(tmp_path):
 
 
 def test_callback_on_cuda_delivers_the_same_batches_and_measures_exposure(tmp_path):
-    import lightning.pytorch as pl
 
     from template.callbacks import StreamPrefetcher
     from tests.test_stream_prefetcher import Numbers, Reads, Recorder
@@ -170,3 +170,89 @@ def test_callback_on_cuda_delivers_the_same_batches_and_measures_exposure(tmp_pa
         assert fit([unpinned], pin=False) == plain
     assert sum("pin_memory=True" in str(w.message) for w in record) == 1
     assert unpinned.summary()["pageable_batches"] > 0
+
+
+# -- sync detection on CUDA ------------------------------------------------------------
+
+
+def _line_of(marker: str) -> int:
+    import inspect
+
+    source, start = inspect.getsourcelines(inspect.currentframe().f_back.f_code)
+    return start + next(i for i, line in enumerate(source) if marker in line)
+
+
+def test_detect_syncs_on_cuda_names_each_op_and_line():
+    from template.perf import detect_syncs
+
+    x = torch.randn(64, device="cuda")
+    torch.cuda.synchronize()
+    with detect_syncs(device_type="cuda") as rec:
+        x.item() if x.numel() == 1 else x[0].item()  # sync: item
+        x.cpu()  # sync: cpu
+        x[x > 0]  # sync: mask
+        torch.nonzero(x)  # sync: nonzero
+        torch.cuda.synchronize()  # sync: synchronize
+        # clean: none of these waits for the device
+        y = torch.where(x > 0, x, 0.0) + x.index_select(0, torch.arange(4, device="cuda"))
+        x.masked_fill(x > 0, 1.0).nonzero_static(size=4)
+        _ = x.shape, x.dtype
+        (y.sum() * 2).exp_()
+    ops = [e.op for e in rec.events]
+    assert len(ops) == 5, [str(e) for e in rec.events]
+    assert [e.lineno for e in rec.events] == [
+        _line_of(f"# sync: {name}") for name in ("item", "cpu", "mask", "nonzero", "synchronize")
+    ]
+    assert all(e.filename == __file__ for e in rec.events)
+    assert torch.cuda.get_sync_debug_mode() == 0, "the debug mode was not restored"
+
+
+def test_cuda_debug_mode_catches_a_sync_missing_from_the_table(monkeypatch):
+    from template.perf import detect_syncs, syncs
+
+    monkeypatch.delitem(syncs._ATEN_SYNCS, torch.ops.aten.nonzero)  # pretend it is unknown
+    x = torch.randn(64, device="cuda")
+    torch.cuda.synchronize()
+    with detect_syncs(device_type="cuda") as rec:
+        x.nonzero()  # the debug mode's warning names this line
+    (event,) = rec.events
+    assert "CUDA sync debug" in event.op and event.lineno == _line_of("x.nonzero()  # the")
+    assert torch.cuda.get_sync_debug_mode() == 0
+
+
+class ErrorOnSteadySyncs(pl.Callback):
+    """Arms set_sync_debug_mode("error") from the end of step N-1 to the end of step N for
+    every steady step N (neither N nor N-1 a logging step): any sync there raises."""
+
+    armed_steps = 0
+
+    def _disarm(self, *args):
+        torch.cuda.set_sync_debug_mode(0)
+
+    on_validation_start = on_train_epoch_end = on_train_end = _disarm
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        from template.lightning_compat import is_logging_step, logger_step
+
+        torch.cuda.set_sync_debug_mode(0)
+        this_logged = is_logging_step(trainer)  # step N logs if (logger_step + 1) % every == 0
+        next_logs = (logger_step(trainer) + 2) % trainer.log_every_n_steps == 0
+        last = batch_idx + 1 >= trainer.num_training_batches
+        if not (this_logged or next_logs or last):
+            type(self).armed_steps += 1
+            torch.cuda.set_sync_debug_mode("error")
+
+
+def test_default_config_steady_steps_run_under_sync_debug_error(in_tmp):
+    ErrorOnSteadySyncs.armed_steps = 0
+    code = main(
+        [
+            "fit", "--config", DEFAULT, "--config", DEBUG,
+            "--trainer.limit_train_batches=16", "--trainer.max_epochs=2",
+            "--trainer.log_every_n_steps=8", "--data.num_workers=2",
+            "--trainer.callbacks+=tests.test_gpu.ErrorOnSteadySyncs",
+        ]
+    )  # fmt: skip
+    assert code == 0
+    assert ErrorOnSteadySyncs.armed_steps >= 20
+    assert torch.cuda.get_sync_debug_mode() == 0

@@ -321,11 +321,26 @@ def test_the_data_loader_in_the_main_process_is_not_a_device():
     assert rec.events == []
 
 
-def test_to_cpu_is_marked_as_simulation_only():
+def test_a_librarys_move_to_cpu_is_marked_as_simulation_only():
+    from lightning.fabric.utilities.apply_func import move_data_to_device
+
     with detect_syncs(device_type="cpu") as rec:
-        x.to("cpu")
+        move_data_to_device(x, torch.device("cpu"))  # on a GPU: the move to the device
+        x.to("cpu")  # the user's own: a read to the host anywhere
         x.cpu()
-    assert [e.simulated for e in rec.events] == [True, False]
+    assert [e.simulated for e in rec.events] == [True, False, False]
+    assert fix_hint(rec.events[0]).startswith("none needed")
+
+
+def test_via_names_a_library_whose_name_starts_like_torch():
+    import torchmetrics
+
+    metric = torchmetrics.MeanMetric(nan_strategy="disable")
+    metric.update(torch.tensor(1.0))
+    with detect_syncs(device_type="cpu") as rec:
+        metric.reset()  # moves its default state "to the device": a CPU-simulation artefact
+    assert rec.events and all(e.via.startswith("torchmetrics/metric.py") for e in rec.events)
+    assert all(e.simulated for e in rec.events)
 
 
 def test_assert_no_syncs_returns_the_result_or_lists_every_line():
@@ -364,18 +379,28 @@ def test_site_table_counts_merges_and_renders_hints():
     assert "4x" in text and "test_syncs.py" in text and "fix: log the tensor with self.log" in text
 
 
-def test_watch_schedule_first_steps_then_the_budgeted_interval():
+def test_watch_schedule_first_steps_then_within_the_budget():
     s = WatchSchedule(budget=0.01, first=3)
     assert [s.should_watch(i) for i in range(6)] == [True, True, True, False, False, False]
     s.update(watched_s=0.111, plain_s=0.100)  # +11% per watched step
-    assert s.interval == 11  # 11% / 11 = 1% amortised
-    watched = [i for i in range(6, 60) if s.should_watch(i)]
-    assert watched == [13, 24, 35, 46, 57]
+    assert s.extra == pytest.approx(0.11) and s.interval == 11  # 11% / 11 = 1%
+    # The first three cost 0.33 plain steps: nothing more until step 43 pays them back.
+    watched = [i for i in range(6, 120) if s.should_watch(i)]
+    assert watched == [43, 54, 65, 76, 87, 98, 109]
+    for steps in (44, 60, 120):  # the whole fit stays within 1% once paid back
+        cost = sum(0.11 for i in [0, 1, 2, *watched] if i < steps)
+        assert cost <= 0.01 * steps + 1e-9
     s.update(0.100, 0.100)  # free: still leaves plain steps to measure against
-    assert s.interval == 2
-    s.update(10.0, 0.01)  # very costly: capped
-    assert s.interval == s.max_interval
+    assert s.interval == 2 and s.should_watch(120) and not s.should_watch(121)
+    s.update(10.0, 0.01)  # very costly: rarely, but still within the budget
+    assert not any(s.should_watch(i) for i in range(122, 20_000))
     assert WatchSchedule.overhead(0.111, 0.100) == pytest.approx(0.11)
+
+
+def test_watch_schedule_watches_rarely_until_a_cost_is_known():
+    s = WatchSchedule(budget=0.01, first=2, max_interval=50)
+    s.update(None, 0.1)  # no watched step timed yet
+    assert [i for i in range(200) if s.should_watch(i)] == [0, 1, 51, 101, 151]
 
 
 def test_watch_schedules_with_the_same_updates_agree():

@@ -10,11 +10,11 @@ Example::
     trainer = Trainer(callbacks=[SyncPointDetector()])          # watch a 1% sample
     trainer = Trainer(callbacks=[SyncPointDetector(strict=True)])   # fail CI on a sync
 
-Sampling. The first steps are always watched; after that one step in ``interval``, where
-the interval is set from the measured cost of a watched step against a plain one so that
-the amortised cost stays under ``overhead_budget`` (1% by default). Every rank watches
-the same steps: the interval changes only at logging steps, from figures reduced over
-ranks.
+Sampling. The first steps are always watched; after that a step is watched only while
+the watching done so far, at its measured cost against a plain step, stays within
+``overhead_budget`` (1% by default) of the steps run (``template.perf.sampling``). Every
+rank watches the same steps: the cost estimate changes only at logging steps, from
+figures reduced over ranks.
 
 Figures. At each logging step: ``syncs/count`` for every watched step since the last log
 (mean over ranks, at that step), ``syncs/per_step`` and ``syncs/per_steady_step`` (the
@@ -251,7 +251,9 @@ class SyncPointDetector(pl.Callback):
             merged = self.table
         self.report_table = merged
         self.report = self._summary(trainer, totals)
-        log_dir = trainer.log_dir  # a broadcast under DDP: every rank must ask
+        # trainer.log_dir is a broadcast under DDP: every rank must ask. Without a logger it
+        # would be the working directory: write nothing then.
+        log_dir = trainer.log_dir if trainer.loggers else None
         if not trainer.is_global_zero:
             return
         if log_dir:  # for CI thresholds and the idle-time report

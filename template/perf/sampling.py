@@ -1,13 +1,16 @@
 """Choose which steps to watch so that an expensive probe costs a bounded share of time.
 
-A watched step costs ``extra`` seconds more than a plain one (``plain`` seconds). Watching
-one step in ``k`` costs ``extra / (k * plain)`` of the run, so ``k = ceil(extra / (budget
-* plain))`` keeps it under ``budget``. Both are medians over recent steps, re-measured as
-the run goes on.
+A watched step costs ``extra`` (a fraction of a plain step, a median over recent steps,
+re-measured as the run goes on) more than a plain one. The schedule keeps an account:
+after ``n`` steps of which ``w`` were watched, the probe has cost ``w * extra`` plain
+steps, and step ``n`` is watched only if ``(w + 1) * extra <= budget * (n + 1)``. So the
+whole fit, the always-watched first steps included, costs at most ``budget`` of its time
+once it is long enough to pay those back (``first * extra / budget`` steps); in steady
+state that is one step in ``ceil(extra / budget)``.
 
-The decision for a step depends only on the step number and on ``interval``, which
-changes only in ``update()``: processes that call ``update()`` at the same steps with the
-same figures (reduced over ranks) watch the same steps.
+The decision for a step depends only on the step number, the steps watched so far and
+``extra``, which changes only in ``update()``: processes that call ``update()`` at the
+same steps with the same figures (reduced over ranks) watch the same steps.
 
 Example::
 
@@ -28,14 +31,14 @@ from collections import deque
 
 
 class WatchSchedule:
-    """Watch the first ``first`` steps, then one in ``interval`` steps (set from measurement).
+    """Watch the first ``first`` steps, then as often as the budget allows (from measurement).
 
     Args:
         budget: largest share of run time the watching may cost (0.01 = 1%).
         first: steps always watched at the start (the first of them is never timed: it
             includes one-off set-up).
         window: how many recent samples the medians use.
-        max_interval: never watch less often than this.
+        max_interval: until a cost is measured, watch one step in this many (to measure).
     """
 
     def __init__(
@@ -46,17 +49,25 @@ class WatchSchedule:
         self.budget = budget
         self.first = first
         self.max_interval = max_interval
-        self.interval: int | None = None  # None: not measured yet, watch only the first steps
+        self.interval: int | None = None  # steady-state spacing; None: not measured yet
+        self.extra: float | None = None  # cost of a watched step, in plain steps
+        self.watched_steps = 0
         self.watched: deque[float] = deque(maxlen=window)
         self.plain: deque[float] = deque(maxlen=window)
         self._last_watched = -1
 
     def should_watch(self, step: int) -> bool:
-        watch = step < self.first or (
-            self.interval is not None and step - self._last_watched >= self.interval
-        )
+        if step < self.first:
+            watch = True
+        elif self.extra is None:
+            watch = self.interval is not None and step - self._last_watched >= self.interval
+        else:
+            # At least 2 apart, so that plain steps keep coming to measure against.
+            affordable = (self.watched_steps + 1) * self.extra <= self.budget * (step + 1)
+            watch = affordable and step - self._last_watched >= 2
         if watch:
             self._last_watched = step
+            self.watched_steps += 1
         return watch
 
     def observe(self, watched: bool, seconds: float) -> None:
@@ -70,15 +81,13 @@ class WatchSchedule:
         return w, p
 
     def update(self, watched_s: float | None, plain_s: float | None) -> None:
-        """Set ``interval`` from (watched, plain) step times, reduced over ranks if several."""
+        """Set the cost from (watched, plain) step times, reduced over ranks if several."""
         if watched_s is None or plain_s is None or plain_s <= 0:
             if self.interval is None and watched_s is None:
                 self.interval = self.max_interval  # nothing measured: watch rarely to learn
             return
-        extra = max(0.0, watched_s - plain_s)
-        # At least 2, so that plain steps keep coming to measure against.
-        k = math.ceil(extra / (self.budget * plain_s)) if extra > 0 else 2
-        self.interval = max(2, min(self.max_interval, k))
+        self.extra = max(0.0, watched_s - plain_s) / plain_s
+        self.interval = max(2, math.ceil(self.extra / self.budget))
 
     @staticmethod
     def overhead(watched_s: float | None, plain_s: float | None) -> float | None:

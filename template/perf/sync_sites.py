@@ -91,6 +91,8 @@ _OP_HINTS = (
 
 def fix_hint(event: SyncEvent) -> str:
     """One line saying how to avoid this sync."""
+    if event.simulated:
+        return "none needed: only the CPU simulation counts it (a GPU run moves nothing here)"
     chain = " ".join(event.chain)
     for marker, hint in _CHAIN_HINTS:
         if marker in chain:

@@ -42,6 +42,7 @@ as ``template.callbacks.SyncPointDetector`` does.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import linecache
 import os
 import re
@@ -75,8 +76,9 @@ class SyncEvent:
     (``"lightning/pytorch/loops/training_epoch_loop.py:269 in _broadcast_sigterm_tensor"``).
     ``via`` is the innermost of those outside torch: the library line that asked for the
     read. ``aten`` is the aten op, when one was seen. ``simulated`` marks events that only
-    the CPU simulation makes syncs: ``.to(cpu)`` there may be what is, on a GPU, the move
-    *to* the device.
+    the CPU simulation makes syncs: a library's ``.to(cpu)`` there (Lightning's batch
+    transfer, a metric's state) is, on a GPU, the move *to* the device. The user's own
+    ``.to("cpu")`` is never marked so.
     """
 
     op: str
@@ -107,11 +109,12 @@ class SyncEvent:
 
 # -- what counts as user code --------------------------------------------------------
 
-_PERF_DIR = os.path.dirname(os.path.abspath(__file__))
+# With a trailing separator: "torchmetrics/" must not pass for "torch/".
+_PERF_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _STDLIB_DIRS = tuple(
     {os.path.abspath(p) for p in (sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib"))}
 )
-_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
+_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
 _SITE = re.compile(r"[\\/](?:site|dist)-packages[\\/]")
 _is_library_cache: dict[str, bool] = {}
 
@@ -232,6 +235,9 @@ class SyncDetector:
             )  # fmt: skip
         else:
             event = _event_here(op, phase, aten, simulated)
+        if event.simulated and event.via is None:
+            # Called by the user's own line, .to(cpu) means "to the host": a real read.
+            event = dataclasses.replace(event, simulated=False)
         self.events.append(event)
         if self.strict:
             raise SyncError(f"host-device sync: {event}")
@@ -306,7 +312,7 @@ def assert_no_syncs(fn: Callable[..., T], *args: Any, device_type: str = "cpu", 
     return result
 
 
-_DATA_DIR = os.path.join(_TORCH_DIR, "utils", "data")
+_DATA_DIR = os.path.join(_TORCH_DIR, "utils", "data", "")
 
 
 def _in_data_loader() -> bool:
@@ -535,7 +541,8 @@ class _FunctionLayer(TorchFunctionMode):
         label, check = entry
         sync = bool(args) and d.on_device(args[0]) and (check is None or check(d, args, kwargs))
         if sync:
-            # In the simulation .to(cpu) is also what a GPU run's move to the device becomes.
+            # In the simulation a library's .to(cpu) is what a GPU run's move to the device
+            # becomes (record() keeps the user's own .to("cpu") a real read).
             d.record(label, simulated=func is torch.Tensor.to and d.device_type == "cpu")
             d._inside += 1  # the ops it runs underneath are this same sync
         if d._track_ops:

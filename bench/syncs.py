@@ -1,0 +1,280 @@
+"""Sync detector benchmark: what watching costs, and the default step's syncs before and after.
+
+    python -m bench.syncs [--out DIR] [--steps N] [--repeats 3] [--device auto|cpu|cuda]
+
+The template's own ResNet-18 and DataModule (synthetic images) through ``Trainer.fit``,
+no validation, no checkpoints. On CUDA: width 64, batch 256, bf16-mixed where supported
+(the default config); on a CPU: width 16, batch 32, float32 (the CPU config's model, a
+smaller batch so the run stays short).
+
+Cost, three runs interleaved ``--repeats`` times with everything else equal:
+
+- ``off``:     no SyncPointDetector;
+- ``sampled``: ``SyncPointDetector()`` at its default budget (1% of fit time);
+- ``every``:   ``SyncPointDetector(first_steps=10**9)``: every step watched.
+
+Step time is the wall time from the end of the first step (set-up, in every mode) to the
+end of the last, divided by the steps between (synchronised only at those two ends on
+CUDA), after one discarded fit. Costs are ratios against ``off`` taken within each
+repeat, median over the repeats: ``every / off - 1`` is the watched-step cost,
+``sampled / off - 1`` the amortised cost of the whole fit at the default sampling (the
+always-watched first steps included; the budget pays them back after about
+``3 * watched-step cost / 1%`` steps, so the fit must be longer than that). Where the
+run-to-run spread is larger than 1% (a shared CPU), the same costs are also rebuilt from
+per-step medians: watched steps in the sampled fit x (median watched step - median
+plain step) / the plain fit's time.
+
+Syncs per step, every step watched, ``log_every_n_steps=10``:
+
+- ``before``: training metrics logged with ``prog_bar=True`` and Lightning's
+  ``TQDMProgressBar`` (what the template did before the sync fixes);
+- ``after``:  the default config's callbacks (``LoggingStepProgressBar``,
+  ``StreamPrefetcher``, ``SigtermCheckInterval``).
+
+Counted per watched step and per steady step (not a logging step or the one after it).
+On a CPU the detector simulates (every CPU tensor counts as device memory); the
+"real" column leaves out what only the simulation calls a sync (Lightning's
+``.to("cpu")`` of a CPU batch).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.callbacks import TQDMProgressBar
+
+from template.callbacks import (
+    LoggingStepProgressBar,
+    SigtermCheckInterval,
+    StreamPrefetcher,
+    SyncPointDetector,
+)
+from template.data import ImageDataModule
+from template.models import ImageClassifier
+
+
+class StepClock(pl.Callback):
+    """Host time at the end of the first and of the last step (synchronised there), and
+    at the end of every step (not synchronised: per-step times for medians)."""
+
+    def __init__(self, steps: int) -> None:
+        self.steps = steps
+        self.times: list[float] = []
+        self.ends: list[float] = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.global_step in (1, self.steps):  # global_step counts finished steps
+            if torch.cuda.is_available() and pl_module.device.type == "cuda":
+                torch.cuda.synchronize()
+            self.times.append(time.perf_counter())
+        self.ends.append(time.perf_counter())
+
+    def step_ms(self) -> list[float]:
+        """Each step's host time after the first (which includes set-up)."""
+        return [1e3 * (b - a) for a, b in zip(self.ends, self.ends[1:], strict=False)]
+
+
+class ProgBarClassifier(ImageClassifier):
+    """The training step as it was: metrics shown through ``prog_bar=True``."""
+
+    def log_dict(self, metrics, *args, **kwargs):
+        if self.trainer.training:
+            kwargs["prog_bar"] = True
+        return super().log_dict(metrics, *args, **kwargs)
+
+
+def _setup(device: str) -> dict:
+    cuda = device == "cuda"
+    bf16 = cuda and torch.cuda.is_bf16_supported()
+    return {
+        "width": 64 if cuda else 16,
+        "batch_size": 256 if cuda else 32,
+        "precision": "bf16-mixed" if bf16 else "32-true",
+    }
+
+
+def fit(device: str, steps: int, callbacks: list, model_class=ImageClassifier) -> None:
+    setup = _setup(device)
+    torch.manual_seed(0)
+    model = model_class(width=setup["width"])
+    data = ImageDataModule(
+        batch_size=setup["batch_size"],
+        synthetic_train_size=setup["batch_size"] * steps,
+        synthetic_val_size=setup["batch_size"],
+        num_workers=None if device == "cuda" else 0,
+    )
+    trainer = pl.Trainer(
+        accelerator=device,
+        devices=1,
+        precision=setup["precision"],
+        max_steps=steps,
+        limit_val_batches=0,
+        log_every_n_steps=10,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=any(isinstance(c, TQDMProgressBar) for c in callbacks),
+        enable_model_summary=False,
+        callbacks=callbacks,
+    )
+    trainer.fit(model, data)
+
+
+def measure_cost(device: str, steps: int, repeats: int) -> dict:
+    times: dict[str, list[float]] = {"off": [], "sampled": [], "every": []}
+    medians: dict[str, list[float]] = {"off": [], "every": []}
+    from_medians = []  # amortised cost rebuilt from per-step medians (robust to noise)
+    estimates = []
+    fit(device, 12, [])  # the first fit in a process: imports, allocator, threads
+    for _ in range(repeats):  # interleaved, so drift hits every mode alike
+        for mode in times:
+            clock = StepClock(steps)
+            callbacks: list = [clock]
+            if mode == "sampled":
+                detector = SyncPointDetector()
+                callbacks.append(detector)
+            elif mode == "every":
+                callbacks.append(SyncPointDetector(first_steps=10**9))
+            fit(device, steps, callbacks)
+            first, last = clock.times
+            times[mode].append(1e3 * (last - first) / (steps - 1))
+            if mode in medians:
+                medians[mode].append(statistics.median(clock.step_ms()))
+            if mode == "sampled":
+                estimates.append(detector.summary())
+                watched = detector.summary()["watched_steps"] - 1  # step 0 is not timed
+            if mode == "every":
+                extra_ms = medians["every"][-1] - medians["off"][-1]
+                from_medians.append(watched * extra_ms / (medians["off"][-1] * (steps - 1)))
+    med = {m: statistics.median(v) for m, v in times.items()}
+    paired = {
+        m: [t / off - 1 for t, off in zip(times[m], times["off"], strict=True)]
+        for m in ("sampled", "every")
+    }
+    return {
+        "step_ms": med,
+        "spread_ms": {m: [min(v), max(v)] for m, v in times.items()},
+        "watched_step_cost": statistics.median(paired["every"]),
+        "amortised_cost": statistics.median(paired["sampled"]),
+        "paired_costs": paired,
+        "median_step_ms": medians,
+        "watched_step_cost_from_medians": statistics.median(
+            e / o - 1 for e, o in zip(medians["every"], medians["off"], strict=True)
+        ),
+        "amortised_cost_from_medians": statistics.median(from_medians),
+        "amortised_from_medians_each": from_medians,
+        "detector_estimates": [
+            {k: e[k] for k in ("watched_step_overhead", "amortised_overhead", "interval")}
+            for e in estimates
+        ],
+    }
+
+
+def count_syncs(device: str, steps: int) -> dict:
+    results = {}
+    runs = {
+        "before": (ProgBarClassifier, [TQDMProgressBar(refresh_rate=1)]),
+        "after": (
+            ImageClassifier,
+            [LoggingStepProgressBar(refresh_rate=10), StreamPrefetcher(), SigtermCheckInterval()],
+        ),
+    }
+    for name, (model_class, callbacks) in runs.items():
+        detector = SyncPointDetector(first_steps=10**9)
+        fit(device, steps, [*callbacks, detector], model_class=model_class)
+        rows = detector.report_table.rows()
+        summary = detector.summary()
+        watched, steady = summary["watched_steps"], summary["steady_watched_steps"]
+        real = [r for r in rows if not r["simulated"]]
+        results[name] = {
+            "syncs_per_step": summary["syncs_per_step"],
+            "steady_syncs_per_step": summary["steady_syncs_per_step"],
+            "real_syncs_per_step": sum(r["count"] for r in real) / max(1, watched),
+            "real_steady_syncs_per_step": sum(r["steady_count"] for r in real) / max(1, steady),
+            "sites": [
+                f"{r['op']} at {Path(r['filename']).name}:{r['lineno']}"
+                + (f" via {r['via']}" if r["via"] else "")
+                + f" x{r['count']} ({r['steady_count']} steady)"
+                for r in rows
+            ],
+        }
+    return results
+
+
+def table(results: dict) -> str:
+    cost = results["cost"]
+    med, spread = cost["step_ms"], cost["spread_ms"]
+    lines = ["detector cost (ms per step, median [min, max] of the repeats):"]
+    for mode in ("off", "sampled", "every"):
+        lo, hi = spread[mode]
+        lines.append(f"  {mode:<8} {med[mode]:8.2f}  [{lo:.2f}, {hi:.2f}]")
+    for name, key in (("watched step", "every"), ("amortised (default)", "sampled")):
+        pct = ", ".join(f"{100 * c:+.1f}%" for c in cost["paired_costs"][key])
+        median = cost["watched_step_cost" if key == "every" else "amortised_cost"]
+        lines.append(f"  {name:<20} {100 * median:+.2f}% (each repeat: {pct})")
+    estimates = ", ".join(
+        f"{100 * e['amortised_overhead']:.2f}%"
+        for e in cost["detector_estimates"]
+        if e["amortised_overhead"] is not None
+    )
+    lines.append(
+        f"  from per-step medians: watched step "
+        f"{100 * cost['watched_step_cost_from_medians']:+.1f}%, amortised "
+        + ", ".join(f"{100 * c:.2f}%" for c in cost["amortised_from_medians_each"])
+    )
+    lines.append(f"  the detector's own estimate of its fit-time cost: {estimates or 'n/a'}")
+    lines.append("syncs per step (every step watched):")
+    lines.append(f"  {'':<8} {'all':>6} {'steady':>7} {'real':>6} {'real steady':>12}")
+    for name in ("before", "after"):
+        r = results["syncs"][name]
+        lines.append(
+            f"  {name:<8} {r['syncs_per_step']:6.2f} {r['steady_syncs_per_step']:7.2f} "
+            f"{r['real_syncs_per_step']:6.2f} {r['real_steady_syncs_per_step']:12.2f}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=None, help="write syncs.json here")
+    parser.add_argument("--steps", type=int, default=None, help="default: 300 CUDA, 150 CPU")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    args = parser.parse_args(argv)
+    device = args.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        print("sync benchmark: --device cuda asked for, but no CUDA device here (not run)")
+        return 1
+    steps = args.steps or (300 if device == "cuda" else 150)
+    if steps < 20:
+        parser.error("--steps must be 20 or more")
+    results = {"cost": measure_cost(device, steps, args.repeats), "syncs": count_syncs(device, 40)}
+    results["machine"] = {
+        "device": torch.cuda.get_device_name()
+        if device == "cuda"
+        else platform.processor() or platform.machine(),
+        "setup": _setup(device),
+        "steps": steps,
+        "torch": torch.__version__,
+        "lightning": pl.__version__,
+        "python": platform.python_version(),
+        "command": "python -m bench.syncs " + " ".join(sys.argv[1:] if argv is None else argv),
+    }
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "syncs.json").write_text(json.dumps(results, indent=2))
+    print(table(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -21,8 +21,6 @@ says so and exits 0 (nothing to measure).
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import statistics
 import sys
 import time
@@ -32,6 +30,7 @@ import lightning.pytorch as pl
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from bench.results import machine, save
 from template.callbacks import StreamPrefetcher
 
 WARMUP = 5
@@ -180,16 +179,8 @@ def main(argv: list[str] | None = None) -> int:
         print("prefetch benchmark: no CUDA device here, nothing to measure (not run)")
         return 0
     results = run(args.steps, args.repeats)
-    results["machine"] = {
-        "device": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "lightning": pl.__version__,
-        "python": platform.python_version(),
-        "command": "python -m bench.prefetch " + " ".join(sys.argv[1:]),
-    }
-    if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "prefetch.json").write_text(json.dumps(results, indent=2))
+    results["machine"] = machine("bench.prefetch", "cuda", argv)
+    save(results, args.out, "prefetch.json")
     print(table(results))
     return 0
 

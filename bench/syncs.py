@@ -40,8 +40,6 @@ On a CPU the detector simulates (every CPU tensor counts as device memory); the
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import statistics
 import sys
 import time
@@ -51,6 +49,7 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import TQDMProgressBar
 
+from bench.results import machine, save
 from template.callbacks import (
     LoggingStepProgressBar,
     SigtermCheckInterval,
@@ -258,20 +257,8 @@ def main(argv: list[str] | None = None) -> int:
     if steps < 20:
         parser.error("--steps must be 20 or more")
     results = {"cost": measure_cost(device, steps, args.repeats), "syncs": count_syncs(device, 40)}
-    results["machine"] = {
-        "device": torch.cuda.get_device_name()
-        if device == "cuda"
-        else platform.processor() or platform.machine(),
-        "setup": _setup(device),
-        "steps": steps,
-        "torch": torch.__version__,
-        "lightning": pl.__version__,
-        "python": platform.python_version(),
-        "command": "python -m bench.syncs " + " ".join(sys.argv[1:] if argv is None else argv),
-    }
-    if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "syncs.json").write_text(json.dumps(results, indent=2))
+    results["machine"] = machine("bench.syncs", device, argv, setup=_setup(device), steps=steps)
+    save(results, args.out, "syncs.json")
     print(table(results))
     return 0
 

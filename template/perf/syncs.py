@@ -242,6 +242,21 @@ class SyncDetector:
         if self.strict:
             raise SyncError(f"host-device sync: {event}")
 
+    def run_op(self, func: Callable, args: tuple, kwargs: dict, name: str, counted: bool) -> Any:
+        """Run an op seen by a layer. Inside a ``counted`` one, the ops it runs underneath
+        are this same sync and are not recorded again; ``name`` labels CUDA's warnings."""
+        if counted:
+            self._inside += 1
+        if self._track_ops:
+            self._ops.append(name)
+        try:
+            return func(*args, **kwargs)
+        finally:
+            if self._track_ops:
+                self._ops.pop()
+            if counted:
+                self._inside -= 1
+
     # -- the CUDA layer --
 
     def _arm_cuda(self) -> bool:
@@ -476,16 +491,7 @@ class _DispatchLayer(TorchDispatchMode):
                     label = "backward of x[mask] (boolean-mask index)"
                     site = node.metadata.get(_SITE_KEY)
             d.record(label, aten=str(func), site=site)
-            d._inside += 1
-        if d._track_ops:
-            d._ops.append(str(func))
-        try:
-            return func(*args, **kwargs)
-        finally:
-            if d._track_ops:
-                d._ops.pop()
-            if sync:
-                d._inside -= 1
+        return d.run_op(func, args, kwargs, str(func), counted=sync)
 
 
 _MASK_BACKWARD_OPS = {
@@ -544,16 +550,7 @@ class _FunctionLayer(TorchFunctionMode):
             # In the simulation a library's .to(cpu) is what a GPU run's move to the device
             # becomes (record() keeps the user's own .to("cpu") a real read).
             d.record(label, simulated=func is torch.Tensor.to and d.device_type == "cpu")
-            d._inside += 1  # the ops it runs underneath are this same sync
-        if d._track_ops:
-            d._ops.append(label)
-        try:
-            return func(*args, **kwargs)
-        finally:
-            if d._track_ops:
-                d._ops.pop()
-            if sync:
-                d._inside -= 1
+        return d.run_op(func, args, kwargs, label, counted=sync)
 
 
 def _tag_mask_index(func, args: tuple, kwargs: dict):

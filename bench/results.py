@@ -1,0 +1,30 @@
+"""What every benchmark records with its figures, and where it writes them."""
+
+from __future__ import annotations
+
+import json
+import platform
+import sys
+from pathlib import Path
+
+import lightning.pytorch as pl
+import torch
+
+
+def machine(module: str, device: str, argv: list[str] | None, **extra) -> dict:
+    """The device, versions and the command that reproduces the run."""
+    name = torch.cuda.get_device_name() if device == "cuda" else platform.processor()
+    return {
+        "device": name or platform.machine(),
+        **extra,
+        "torch": torch.__version__,
+        "lightning": pl.__version__,
+        "python": platform.python_version(),
+        "command": f"python -m {module} " + " ".join(sys.argv[1:] if argv is None else argv),
+    }
+
+
+def save(results: dict, out: Path | None, filename: str) -> None:
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / filename).write_text(json.dumps(results, indent=2))

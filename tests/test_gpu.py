@@ -188,7 +188,7 @@ def test_detect_syncs_on_cuda_names_each_op_and_line():
     x = torch.randn(64, device="cuda")
     torch.cuda.synchronize()
     with detect_syncs(device_type="cuda") as rec:
-        x.item() if x.numel() == 1 else x[0].item()  # sync: item
+        x[0].item()  # sync: item
         x.cpu()  # sync: cpu
         x[x > 0]  # sync: mask
         torch.nonzero(x)  # sync: nonzero

@@ -189,3 +189,11 @@ def test_sigterm_check_runs_every_n_batches(tmp_path):
     assert callback.checks == 3
     with pytest.raises(ValueError, match="every_n_steps"):
         SigtermCheckInterval(every_n_steps=0)
+
+
+def test_a_second_fit_reports_its_own_sites_only(tmp_path):
+    detector = SyncPointDetector(first_steps=100)
+    for run in ("first", "second"):
+        _fit(tmp_path / run, ItemInStep(width=4), [detector])
+        (site,) = [s for s in detector.report_table.sites.values() if ".item()" in s.code]
+        assert site.count == 12 and detector.summary()["watched_steps"] == 12

@@ -7,8 +7,8 @@ every ``every_n_steps``-th batch (the same batches on every rank), it keeps that
 and costs a sync per N steps; the ranks then stop at most N steps after the signal.
 
 By default N is ``log_every_n_steps``, and the check lands right after a logging step,
-whose metrics have just been read back: the queue is already drained, so it costs
-nothing new.
+whose metrics Lightning has just read back: little is queued on the GPU by then, so the
+check adds little wait of its own.
 
 Example::
 

@@ -71,14 +71,14 @@ class SyncPointDetector(pl.Callback):
         self.strict = strict
         self.device_type = device_type
         self.log_stats = log_stats
-        self.table = SyncSiteTable()
-        self.report_table = self.table  # after fit: the sites of all ranks
         self.detector: SyncDetector | None = None
         self.report: dict = {}
         self._fit_start = 0.0
         self._reset_run()
 
     def _reset_run(self) -> None:
+        self.table = SyncSiteTable()  # this rank's sites in this fit
+        self.report_table = self.table  # after fit: the sites of all ranks
         self._step = 0  # batches seen in this fit: the schedule's clock, equal on all ranks
         self._watching = False  # the current window is watched
         self._after_logging = False  # the window began right after a logging step
@@ -110,7 +110,7 @@ class SyncPointDetector(pl.Callback):
             self._window_start = time.perf_counter()
             self._clean = False
             if self._due:
-                self._start(trainer)
+                self._start()
         self._set_phase("training_step")
         if self.detector is not None:
             logging_now = compat.is_logging_step(trainer)
@@ -156,7 +156,7 @@ class SyncPointDetector(pl.Callback):
         self._window_start = time.perf_counter()
         self._due = self.schedule.should_watch(self._step)
         if self._due:
-            self._start(trainer)
+            self._start()
             self._set_phase("between steps")
 
     def on_validation_start(self, trainer, pl_module) -> None:
@@ -179,7 +179,7 @@ class SyncPointDetector(pl.Callback):
     def teardown(self, trainer, pl_module, stage) -> None:
         self._stop(keep=False)
 
-    def _start(self, trainer) -> None:
+    def _start(self) -> None:
         if self.detector is None:
             return
         self._watching = True
@@ -216,8 +216,8 @@ class SyncPointDetector(pl.Callback):
             *[0.0] * (_MAX_ROWS - len(rows)),
         ]
         gathered = _gather(trainer, own)
-        # Every rank watched the same steps; the slowest rank's costs set the interval.
-        watched_s, plain_s = _worst_ratio(gathered)
+        # Every rank watched the same steps; the costliest rank's figures set the schedule.
+        watched_s, plain_s = _costliest(gathered)
         self.schedule.update(watched_s, plain_s)
         self._costs = (watched_s, plain_s)
         if not (self.log_stats and trainer.is_global_zero and trainer.loggers):
@@ -260,14 +260,13 @@ class SyncPointDetector(pl.Callback):
             path = Path(log_dir) / "syncs.json"
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps({"summary": self.report, "sites": merged.rows()}, indent=1))
-        watched, syncs, steady, steady_syncs = totals
         log.info(
             "sync points: %d watched step(s) of %d; %s syncs/step, %s in steady state (not "
             "logging steps); %s",
             self.report["watched_steps"],
             self._step,
-            _per(syncs, watched),
-            _per(steady_syncs, steady),
+            _number(self.report["syncs_per_step"]),
+            _number(self.report["steady_syncs_per_step"]),
             _cost(self.report),
         )
         for line in merged.render():
@@ -305,17 +304,13 @@ def _gather(trainer, row: list[float]) -> list[list[float]]:
     return trainer.strategy.all_gather(t).reshape(trainer.world_size, -1).cpu().tolist()
 
 
-def _worst_ratio(rows: list[list[float]]) -> tuple[float | None, float | None]:
-    best: tuple[float | None, float | None] = (None, None)
-    worst = -1.0
-    for r in rows:
-        w, p = r[2], r[3]
-        if w == w and p == p and p > 0 and (w - p) / p > worst:  # NaN != NaN: not sampled
-            worst, best = (w - p) / p, (w, p)
-    if best == (None, None):
-        w = [r[2] for r in rows if r[2] == r[2]]
-        return (max(w) if w else None), None
-    return best
+def _costliest(rows: list[list[float]]) -> tuple[float | None, float | None]:
+    """(watched, plain) step seconds of the rank where watching costs most (NaN: none)."""
+    both = [(r[2], r[3]) for r in rows if r[2] == r[2] and r[3] == r[3] and r[3] > 0]
+    if both:
+        return max(both, key=lambda wp: WatchSchedule.overhead(*wp))
+    watched = [r[2] for r in rows if r[2] == r[2]]  # NaN != NaN: not sampled on that rank
+    return (max(watched) if watched else None), None
 
 
 def _or_nan(x: float | None) -> float:
@@ -326,8 +321,8 @@ def _ratio(a: float, b: float) -> float | None:
     return a / b if b else None
 
 
-def _per(a: float, b: float) -> str:
-    return "n/a" if not b else f"{a / b:.2f}"
+def _number(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.2f}"
 
 
 def _cost(report: dict) -> str:

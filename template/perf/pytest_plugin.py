@@ -17,7 +17,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from template.perf.syncs import detect_syncs
+from template.perf.syncs import describe, detect_syncs
 
 
 @pytest.fixture
@@ -29,7 +29,6 @@ def no_syncs():
         with detect_syncs(device_type=device_type) as rec:
             yield
         if rec.events:
-            lines = "\n".join(f"  {e}" for e in rec.events)
-            pytest.fail(f"{len(rec.events)} host-device sync(s):\n{lines}", pytrace=False)
+            pytest.fail(describe(rec.events), pytrace=False)
 
     return watch

@@ -86,7 +86,7 @@ class WatchSchedule:
             if self.interval is None and watched_s is None:
                 self.interval = self.max_interval  # nothing measured: watch rarely to learn
             return
-        self.extra = max(0.0, watched_s - plain_s) / plain_s
+        self.extra = self.overhead(watched_s, plain_s)
         self.interval = max(2, math.ceil(self.extra / self.budget))
 
     @staticmethod

@@ -321,10 +321,15 @@ def assert_no_syncs(fn: Callable[..., T], *args: Any, device_type: str = "cpu", 
     with detect_syncs(device_type=device_type) as rec:
         result = fn(*args, **kwargs)
     if rec.events:
-        lines = "\n".join(f"  {e}" for e in rec.events)
         name = getattr(fn, "__qualname__", repr(fn))
-        raise AssertionError(f"{name} made {len(rec.events)} host-device sync(s):\n{lines}")
+        raise AssertionError(f"{name} made {describe(rec.events)}")
     return result
+
+
+def describe(events: list[SyncEvent]) -> str:
+    """``"2 host-device sync(s):"`` and one indented line per event."""
+    lines = "\n".join(f"  {e}" for e in events)
+    return f"{len(events)} host-device sync(s):\n{lines}"
 
 
 _DATA_DIR = os.path.join(_TORCH_DIR, "utils", "data", "")

@@ -47,22 +47,23 @@ def fetcher_counts(loop: Any) -> tuple[int | None, int, int]:
     return length, int(fetcher.fetched), lookahead
 
 
-# -- routing a loop's batches through an iterator --------------------------------------
+# -- routing a loop's batches through iterators ---------------------------------------
 #
 # Lightning's fetchers call ``next()`` on the loop's CombinedLoader (``iter()`` returns
 # the loader itself) and create a fresh inner iterator on every ``iter()``, sometimes
-# with no callback hook between that ``iter()`` and the first ``next()``. So the
-# prefetcher cannot swap an iterator in from a hook; instead the CombinedLoader object
-# gets a subclass whose ``__next__`` pulls its own items through ``make_iterator``,
-# created lazily at the first ``next()`` after each ``iter()``. ``unroute`` restores the
-# original class.
+# with no callback hook between that ``iter()`` and the first ``next()``. So a callback
+# cannot swap an iterator in from a hook; instead the CombinedLoader object gets a
+# subclass whose ``__next__`` pulls its own items through the routed layers, built
+# lazily at the first ``next()`` after each ``iter()``. Several callbacks can route the
+# same loader: each owns a named layer, stacked by ``position`` (0 is next to the
+# DataLoader). ``unroute`` removes a layer, and restores the original class with the last.
 
 
 _routed_classes: dict[type, type] = {}
 
 
 def _routed_class(base: type) -> type:
-    """``base`` with ``next()`` going through ``_tpl_make_iterator``.
+    """``base`` with ``next()`` going through the layers in ``_tpl_layers``.
 
     Single inheritance on purpose: CPython refuses ``__class__`` assignment to a class
     with an extra base (the instance layout check fails).
@@ -79,7 +80,10 @@ def _routed_class(base: type) -> type:
 
             def __next__(self):
                 if self._tpl_iterator is None:
-                    self._tpl_iterator = self._tpl_make_iterator(_own_items(self, base))
+                    items = _own_items(self, base)
+                    for _, make_iterator in sorted(self._tpl_layers.values(), key=_position):
+                        items = make_iterator(items)
+                    self._tpl_iterator = items
                 return next(self._tpl_iterator)
 
             def reset(self) -> None:
@@ -89,6 +93,10 @@ def _routed_class(base: type) -> type:
         Routed.__name__ = Routed.__qualname__ = f"Routed{base.__name__}"
         _routed_classes[base] = Routed
     return _routed_classes[base]
+
+
+def _position(layer: tuple[int, Callable]) -> int:
+    return layer[0]
 
 
 def _own_items(loader: Any, base: type) -> Iterator:
@@ -104,12 +112,20 @@ def _is_routed(loader: Any) -> bool:
     return "_tpl_base" in type(loader).__dict__
 
 
-def route_batches(loop: Any, make_iterator: Callable[[Iterator], Iterator]) -> Any | None:
-    """From the loop's next batch on, its batches come from ``make_iterator(items)``.
+def route_batches(
+    loop: Any,
+    make_iterator: Callable[[Iterator], Iterator],
+    *,
+    layer: str = "prefetch",
+    position: int = 1,
+) -> Any | None:
+    """From the loop's next pass on, its batches come through ``make_iterator(items)``.
 
-    ``items`` yields what Lightning's CombinedLoader would have yielded,
-    ``(batch, batch_idx, dataloader_idx)``. Returns the loader (for ``unroute``), or None
-    when the loop has no loader yet. Calling it again only replaces ``make_iterator``.
+    ``items`` yields what the layer below yields, at the bottom what Lightning's
+    CombinedLoader would have yielded, ``(batch, batch_idx, dataloader_idx)``. Layers
+    stack by ``position``, lowest next to the DataLoader. Returns the loader (for
+    ``unroute``), or None when the loop has no loader yet. Routing the same ``layer``
+    again only replaces its ``make_iterator``.
     """
     # Private: loop._combined_loader (Lightning 2.0 to 2.6), the loader the loop's
     # fetcher iterates.
@@ -119,15 +135,20 @@ def route_batches(loop: Any, make_iterator: Callable[[Iterator], Iterator]) -> A
     if not _is_routed(loader):
         loader.__class__ = _routed_class(type(loader))
         loader._tpl_iterator = None
-    loader._tpl_make_iterator = make_iterator
+        loader._tpl_layers = {}
+    loader._tpl_layers[layer] = (position, make_iterator)
     return loader
 
 
-def unroute(loader: Any) -> None:
-    """Give a loader routed by ``route_batches`` its own class back."""
-    if _is_routed(loader):
+def unroute(loader: Any, layer: str = "prefetch") -> None:
+    """Remove ``layer`` from a loader routed by ``route_batches``; the last one out restores
+    the loader's own class."""
+    if not _is_routed(loader):
+        return
+    loader._tpl_layers.pop(layer, None)
+    if not loader._tpl_layers:
         loader.__class__ = type(loader)._tpl_base
-        for name in ("_tpl_iterator", "_tpl_make_iterator"):
+        for name in ("_tpl_iterator", "_tpl_layers"):
             loader.__dict__.pop(name, None)
 
 

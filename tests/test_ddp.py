@@ -60,6 +60,12 @@ def test_two_rank_cpu_ddp_trains_disjoint_shards_and_logs_once(tmp_path):
     steady = [s for s in saved["sites"] if s["steady_count"] and "ddp_probe" not in s["filename"]]
     assert all(s["simulated"] for s in steady), steady
     assert not [s for s in saved["sites"] if "sigterm" in (s["via"] or "") and s["steady_count"]]
+    # The idle monitor (default config) reduced both ranks' steps into one report.
+    assert output.count("idle time:") == 1
+    idle = json.loads((tmp_path / "runs" / "debug" / "version_0" / "idle.json").read_text())
+    assert idle["world_size"] == 2 and len(idle["ranks"]) == 2
+    assert idle["slowest_rank"]["rank"] in (0, 1) and idle["mean"]["idle_pct"] is not None
+    assert "idle/idle_pct_slowest_rank" in metrics
     # Files are written once, by rank zero: one version directory, one config.
     versions = sorted(p.name for p in (tmp_path / "runs" / "debug").iterdir())
     assert versions == ["version_0"]

@@ -129,6 +129,42 @@ def test_combined_loader_can_be_routed_and_restored():
     assert next(loader)[0] == [10]
 
 
+def test_routing_layers_stack_by_position_and_leave_one_at_a_time():
+    """The idle monitor's timing layer sits below the prefetcher's, next to the DataLoader."""
+    from lightning.pytorch.utilities.combined_loader import CombinedLoader
+
+    from template.lightning_compat import _is_routed, route_batches, unroute
+
+    loader = CombinedLoader([[1, 2]], "max_size_cycle")
+
+    class Loop:
+        _combined_loader = loader
+
+    seen = []
+
+    def layer(tag):
+        def make_iterator(items):
+            for item in items:
+                seen.append(tag)
+                yield item
+
+        return make_iterator
+
+    route_batches(Loop, layer("outer"), layer="prefetch", position=1)
+    route_batches(Loop, layer("inner"), layer="idle", position=0)
+    iter(loader)
+    next(loader)
+    assert seen == ["inner", "outer"]  # the lower position is closer to the DataLoader
+    unroute(loader, layer="prefetch")
+    assert _is_routed(loader)
+    seen.clear()
+    iter(loader)
+    next(loader)
+    assert seen == ["inner"]
+    unroute(loader, layer="idle")
+    assert type(loader) is CombinedLoader
+
+
 def test_training_loop_broadcasts_sigterm_through_one_method():
     """SigtermCheckInterval replaces _TrainingEpochLoop._broadcast_sigterm_tensor per instance."""
     import inspect

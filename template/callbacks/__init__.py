@@ -1,5 +1,6 @@
 """Lightning callbacks: thin adapters over the mechanisms in ``template.perf``."""
 
+from template.callbacks.idle_time_monitor import IdleTimeMonitor
 from template.callbacks.progress_bar import LoggingStepProgressBar
 from template.callbacks.run_summary import RunSummary
 from template.callbacks.sigterm_check import SigtermCheckInterval
@@ -7,6 +8,7 @@ from template.callbacks.stream_prefetcher import StreamPrefetcher
 from template.callbacks.sync_point_detector import SyncPointDetector
 
 __all__ = [
+    "IdleTimeMonitor",
     "LoggingStepProgressBar",
     "RunSummary",
     "SigtermCheckInterval",

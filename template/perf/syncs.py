@@ -282,6 +282,8 @@ class SyncDetector:
                     current = self._ops[-1] if self._ops else None
                     name = f"{current} (CUDA sync debug)" if current else "a CUDA sync"
                     self.record(name, aten=current)
+                if getattr(show, "records_cuda_syncs", False):  # the idle monitor's marks
+                    show(message, category, filename, lineno, file, line)
                 return None
 
             warnings.showwarning = showwarning

@@ -1,0 +1,37 @@
+"""How long the GPU sat idle, and why: always-on step timing and exact profiler windows.
+
+- ``StepTimer`` / ``TimedReads``: per-step device time, idle gap and its causes from CUDA
+  events read back with ``query()`` (host clocks on other devices);
+- ``analyze_trace``: span, busy and idle time from a profiler trace, per step, with NCCL
+  apart and gaps classified (HTA's host-wait definition);
+- ``IdleStats`` / ``StepSeries``: window sums that ranks can reduce, and a per-step series;
+- ``build_report`` / ``render_table`` / ``save_picture``: the end-of-run report.
+
+Example::
+
+    from template.perf.idle import analyze_trace
+    print(analyze_trace("trace.json").idle_ms)
+"""
+
+from template.perf.idle.intervals import CAUSES
+from template.perf.idle.report import build_report, render_table, save_picture
+from template.perf.idle.stats import IdleStats, StepSeries
+from template.perf.idle.step_timer import StepTimer, StepTiming, TimedReads
+from template.perf.idle.sync_marks import SyncMarks
+from template.perf.idle.trace import StepIdle, TraceIdle, analyze_trace
+
+__all__ = [
+    "CAUSES",
+    "IdleStats",
+    "StepIdle",
+    "StepSeries",
+    "StepTimer",
+    "StepTiming",
+    "SyncMarks",
+    "TimedReads",
+    "TraceIdle",
+    "analyze_trace",
+    "build_report",
+    "render_table",
+    "save_picture",
+]

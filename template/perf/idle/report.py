@@ -1,0 +1,177 @@
+"""The end-of-run idle report: one table, one JSON file, one picture, for all ranks.
+
+``build_report`` takes each rank's whole-run ``IdleStats`` (and, when those tools ran,
+the prefetcher's and the sync detector's figures and the analysed profiler windows) and
+returns a JSON-ready dict: the mean over ranks, the slowest rank (highest idle share) and
+every rank's own figures. ``render_table`` prints it; ``save_picture`` draws the per-step
+time breakdown (matplotlib; returns None where it is not installed).
+
+Example::
+
+    report = build_report([stats_rank0, stats_rank1], cuda=True, clock="cuda events")
+    for line in render_table(report):
+        print(line)
+    Path("idle.json").write_text(json.dumps(report))
+    save_picture({0: series.rows}, "idle.png", title="default/version_3")
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from template.perf.idle.intervals import CAUSES
+from template.perf.idle.stats import IdleStats, StepSeries
+
+_CAUSE_LABELS = {
+    "data_wait": "data wait",
+    "sync_stall": "sync stall",
+    "launch_bound": "launch-bound",
+    "other": "other",
+}
+
+
+def build_report(
+    per_rank: list[IdleStats],
+    *,
+    cuda: bool,
+    clock: str,
+    prefetch: dict | None = None,
+    syncs: dict | None = None,
+    traces: list[dict] | None = None,
+) -> dict[str, Any]:
+    total = IdleStats()
+    for stats in per_rank:
+        total.add(stats)
+    ranks = [s.means(cuda) for s in per_rank]
+    shares = [r["idle_pct"] if r["idle_pct"] is not None else -1.0 for r in ranks]
+    slowest = max(range(len(ranks)), key=shares.__getitem__) if ranks else 0
+    return {
+        "clock": clock,
+        "world_size": len(per_rank),
+        "steps": per_rank[0].steps if per_rank else 0,
+        "timed_steps": per_rank[0].timed_steps if per_rank else 0,
+        "mean": total.means(cuda),
+        "slowest_rank": {"rank": slowest, **(ranks[slowest] if ranks else {})},
+        "ranks": ranks,
+        "prefetch": prefetch,
+        "syncs": syncs,
+        "traces": traces or [],
+    }
+
+
+def render_table(report: dict[str, Any]) -> list[str]:
+    """The report as aligned text lines: mean over ranks, and the slowest rank's figures."""
+    mean, slow = report["mean"], report["slowest_rank"]
+    many = report["world_size"] > 1
+    head = f"{'per step':<34}{'mean':>10}"
+    if many:
+        head += f"{'rank ' + str(slow['rank']):>10}"
+    lines = [
+        f"idle time: {report['steps']} steps, {report['world_size']} rank(s), "
+        f"timed by {report['clock']}" + ("; slowest rank = most idle" if many else ""),
+        head,
+    ]
+
+    def row(label: str, key: str, unit: str = " ms") -> None:
+        text = f"{label:<34}{_fmt(mean.get(key), unit):>10}"
+        if many:
+            text += f"{_fmt(slow.get(key), unit):>10}"
+        lines.append(text)
+
+    row("idle share of device time", "idle_pct", "%")
+    row("idle between steps", "idle_ms")
+    for cause in CAUSES:
+        row(f"  {_CAUSE_LABELS[cause]}", f"{cause}_ms")
+    row("batch transfer on compute stream", "transfer_ms")
+    row("step on the device", "device_ms")
+    row("host: step", "host_step_ms")
+    row("host: wait for the DataLoader", "host_data_wait_ms")
+    row("syncs started (CUDA sync debug)", "syncs_per_step", "")
+    if p := report.get("prefetch"):
+        lines.append(
+            f"prefetch: copy {_fmt(p.get('copy_ms'), ' ms')}/batch, exposed "
+            f"{_fmt(p.get('exposed_copy_ms'), ' ms')}, hidden {_fmt(p.get('hidden_copy_pct'), '%')}"
+        )
+    if s := report.get("syncs"):
+        lines.append(
+            f"sync detector: {_fmt(s.get('syncs_per_step'), '')} syncs/step in "
+            f"{s.get('watched_steps', 0)} watched step(s), "
+            f"{_fmt(s.get('steady_syncs_per_step'), '')} in steady state"
+        )
+    for t in report.get("traces", []):
+        if not t.get("device_events"):
+            lines.append(f"trace {t.get('path', '')}: no device activity (a CPU run): n/a")
+            continue
+        causes = ", ".join(
+            f"{_CAUSE_LABELS[c]} {t['causes'][c]:.2f}" for c in CAUSES if t["causes"][c] > 0
+        )
+        lines.append(
+            f"trace {t.get('path', '')}: {t['span_ms']:.1f} ms span, idle "
+            f"{_fmt(t.get('idle_pct'), '%')} ({t['idle_ms']:.2f} ms: {causes or 'none'}); "
+            f"NCCL {t['nccl_ms']:.2f} ms"
+        )
+    return lines
+
+
+def save_picture(
+    series: dict[int, list[list[float]]], path: str | Path, title: str = ""
+) -> Path | None:
+    """Draw the per-step breakdown, averaged over ranks by step; None without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg", force=False)
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    rows = _mean_by_step(series)
+    if not rows:
+        return None
+    col = {name: i for i, name in enumerate(StepSeries.COLUMNS)}
+    steps = [r[col["step"]] for r in rows]
+    layers = [
+        ("step on the device", "device_ms", "#4c72b0"),
+        ("batch transfer", "transfer_ms", "#8172b3"),
+        *[
+            (f"idle: {_CAUSE_LABELS[c]}", f"{c}_ms", colour)
+            for c, colour in zip(CAUSES, ("#dd8452", "#c44e52", "#937860", "#8c8c8c"), strict=True)
+        ],
+    ]
+    fig, (top, bottom) = plt.subplots(
+        2, 1, figsize=(10, 6), sharex=True, gridspec_kw={"height_ratios": [3, 1]}
+    )
+    top.stackplot(
+        steps,
+        *[[r[col[key]] for r in rows] for _, key, _ in layers],
+        labels=[label for label, _, _ in layers],
+        colors=[colour for _, _, colour in layers],
+        step="mid" if len(steps) < 50 else None,
+    )
+    top.set_ylabel("device time per step (ms)")
+    top.legend(loc="upper right", fontsize=8, ncol=2)
+    top.set_title(title or "where each training step's time went")
+    bottom.plot(steps, [r[col["host_data_wait_ms"]] for r in rows], color="#dd8452", lw=1)
+    bottom.set_ylabel("host data\nwait (ms)")
+    bottom.set_xlabel("training step")
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _mean_by_step(series: dict[int, list[list[float]]]) -> list[list[float]]:
+    sums: dict[float, list[float]] = {}
+    counts: dict[float, int] = {}
+    for rows in series.values():
+        for r in rows:
+            acc = sums.setdefault(r[0], [0.0] * len(r))
+            for i, v in enumerate(r):
+                acc[i] += v
+            counts[r[0]] = counts.get(r[0], 0) + 1
+    return [[v / counts[s] for v in sums[s]] for s in sorted(sums)]
+
+
+def _fmt(value: float | None, unit: str) -> str:
+    return "n/a" if value is None else f"{value:.2f}{unit}"

@@ -1,0 +1,126 @@
+"""Sums of step timings over a window of steps, and a bounded per-step series for plots.
+
+``IdleStats`` is a flat list of numbers so that ranks can all-gather and add it;
+``means()`` turns it into per-step figures. ``StepSeries`` keeps at most ``capacity``
+rows however long the run: when full it keeps every other row and samples half as often.
+
+Example::
+
+    window = IdleStats()
+    for timing in timer.poll():
+        window.add_step(timing)
+    window.means(cuda=True)   # {"idle_pct": 3.1, "idle_ms": 0.4, "data_wait_ms": ...}
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, fields
+
+from template.perf.idle.intervals import CAUSES
+from template.perf.idle.step_timer import StepTiming
+
+# The figures that need a GPU queue: None on a host clock.
+GPU_ONLY = ("sync_stall_ms", "launch_bound_ms")
+
+
+@dataclass
+class IdleStats:
+    steps: int = 0  # steps read back
+    host_ms: float = 0.0
+    host_data_wait_ms: float = 0.0
+    timed_steps: int = 0  # steps with device figures and a step boundary before them
+    device_ms: float = 0.0
+    transfer_ms: float = 0.0
+    idle_ms: float = 0.0
+    data_wait_ms: float = 0.0  # idle while the host waited for the DataLoader
+    sync_stall_ms: float = 0.0
+    launch_bound_ms: float = 0.0
+    other_ms: float = 0.0
+    syncs: int = 0
+
+    def add_step(self, t: StepTiming) -> None:
+        self.steps += 1
+        self.host_ms += t.host_ms
+        self.host_data_wait_ms += t.data_wait_ms
+        self.syncs += t.syncs
+        if t.idle_ms is None or t.device_ms is None:
+            return
+        self.timed_steps += 1
+        self.device_ms += t.device_ms
+        self.transfer_ms += t.transfer_ms or 0.0
+        self.idle_ms += t.idle_ms
+        for cause in CAUSES:
+            name = f"{cause}_ms"
+            setattr(self, name, getattr(self, name) + (t.causes.get(cause) or 0.0))
+
+    def add(self, other: IdleStats) -> None:
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+    def take(self) -> IdleStats:
+        """A copy of the sums; the sums start again from zero."""
+        out = IdleStats(**{f.name: getattr(self, f.name) for f in fields(self)})
+        for f in fields(self):
+            setattr(self, f.name, type(getattr(self, f.name))(0))
+        return out
+
+    def as_list(self) -> list[float]:
+        return [float(getattr(self, f.name)) for f in fields(self)]
+
+    @classmethod
+    def from_list(cls, values: Iterable[float]) -> IdleStats:
+        kinds = {f.name: isinstance(getattr(cls, f.name), int) for f in fields(cls)}
+        return cls(
+            **{k: (round(v) if kinds[k] else float(v)) for k, v in zip(kinds, values, strict=True)}
+        )
+
+    def means(self, cuda: bool) -> dict[str, float | None]:
+        """Per-step figures (ms) and the idle share of device wall time (%); None = n/a."""
+        n, m = self.steps, self.timed_steps
+        wall = self.idle_ms + self.transfer_ms + self.device_ms
+        out: dict[str, float | None] = {
+            "idle_pct": 100.0 * self.idle_ms / wall if m and wall > 0 else None,
+            "idle_ms": self.idle_ms / m if m else None,
+            "device_ms": self.device_ms / m if m else None,
+            "transfer_ms": self.transfer_ms / m if m else None,
+            "host_step_ms": self.host_ms / n if n else None,
+            "host_data_wait_ms": self.host_data_wait_ms / n if n else None,
+        }
+        for cause in CAUSES:
+            name = f"{cause}_ms"
+            out[name] = getattr(self, name) / m if m else None
+            if name in GPU_ONLY and not cuda:
+                out[name] = None
+        out["syncs_per_step"] = self.syncs / n if n and cuda else None
+        return out
+
+
+class StepSeries:
+    """Per-step rows for the report's picture, at most ``capacity`` of them."""
+
+    COLUMNS = (
+        "step",
+        "host_data_wait_ms",
+        "transfer_ms",
+        "device_ms",
+        *(f"{c}_ms" for c in CAUSES),
+    )
+
+    def __init__(self, capacity: int = 2048) -> None:
+        self.capacity = capacity
+        self.rows: list[list[float]] = []
+        self.stride = 1
+        self._seen = 0
+
+    def add(self, t: StepTiming) -> None:
+        seen, self._seen = self._seen, self._seen + 1
+        if seen % self.stride or t.idle_ms is None or t.device_ms is None:
+            return
+        causes = [t.causes.get(c) or 0.0 for c in CAUSES]
+        self.rows.append(
+            [float(t.step), t.data_wait_ms, t.transfer_ms or 0.0, t.device_ms, *causes]
+        )
+        if len(self.rows) >= self.capacity:
+            self.rows = self.rows[::2]
+            self.stride *= 2

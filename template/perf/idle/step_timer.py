@@ -1,0 +1,341 @@
+"""Per-step GPU idle time from CUDA events on the compute stream, read without a sync.
+
+Four marks per training step, recorded on the compute stream as the host passes them::
+
+    end(N-1) ──idle── ready(N) ──transfer── start(N) ──device── end(N)
+
+- ``ready``: the host got the step's batch from the DataLoader (the last read before
+  the step). From ``end(N-1)`` to here the compute stream had nothing to run: if the GPU
+  drained, ``ready`` runs as soon as the host records it, so the span is the idle time.
+- ``transfer``: the batch's copy on the compute stream (Lightning's default transfer), or
+  the compute stream's wait for a side-stream copy (a prefetcher), plus
+  ``on_after_batch_transfer``.
+- ``device``: the step itself, from the first kernel the host enqueued to the last.
+
+Events come from a bounded pool and are read back with ``query()`` once they have
+completed (usually a step or two later), never with ``synchronize()``: the timer adds no
+sync and holds a fixed number of events however long the run. On a device without CUDA
+the same code runs with host clocks standing in for events; the figures that only a GPU
+queue gives (sync stall, launch-bound) are then None, never a guess.
+
+Example::
+
+    timer = StepTimer(torch.device("cuda"))
+    for batch in TimedReads(loader, timer):   # times each DataLoader read, marks ready
+        timer.start_step()
+        train_step(batch)
+        timer.end_step()
+        for t in timer.poll():                # the steps whose events have completed
+            print(t.step, t.idle_ms, t.causes)
+
+Idle is split by cause (definitions in docs/ARCHITECTURE.md, "Idle time"): the idle
+interval is placed on the host clock (it ends when the host recorded ``ready``), then
+
+- ``data_wait``: the part during which the host was waiting for the DataLoader;
+- the rest is ``sync_stall`` when the host started a sync (CUDA's sync debug mode, see
+  ``SyncMarks``) between the previous step's end and the moment the GPU drained, or
+  during the previous step when the GPU ran dry at its end; else ``launch_bound`` when
+  the GPU had already run out of work by the time the host finished enqueueing the
+  previous step; else ``other`` (the host was busy between steps: loop overhead,
+  logging, callbacks).
+
+Blind spots: idle *inside* a step (after a mid-step sync, or a launch-bound step) is
+counted in ``device``; work on other streams is not seen. Profiler windows
+(``analyze_trace``) see both.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from template.perf.events import EventPool
+from template.perf.idle.intervals import CAUSES, Interval, overlap_length
+from template.perf.idle.sync_marks import SyncMarks
+
+
+@dataclass
+class StepTiming:
+    """One training step. Times in ms; None where the clock cannot tell."""
+
+    step: int
+    host_ms: float  # host wall time from the step's start to its end
+    data_wait_ms: float  # the host's wait for the DataLoader in the gap before the step
+    device_ms: float | None  # the step on the compute stream
+    transfer_ms: float | None  # the batch's copy or the wait for it, on the compute stream
+    idle_ms: float | None  # None: the gap before was not a step boundary (epoch start...)
+    causes: dict[str, float | None] = field(default_factory=dict)
+    syncs: int = 0  # syncs the host started from the previous step's start to this one's
+
+
+class _HostEvent:
+    """A host-clock stand-in for ``torch.cuda.Event``: complete as soon as recorded."""
+
+    __slots__ = ("t",)
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def record(self, stream: Any = None) -> None:
+        self.t = time.perf_counter()
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        pass
+
+    def elapsed_time(self, end: _HostEvent) -> float:
+        return 1e3 * (end.t - self.t)
+
+
+class _HostEventPool:
+    capacity = None
+
+    def acquire(self) -> _HostEvent:
+        return _HostEvent()
+
+    def release(self, *events: Any) -> None:
+        pass
+
+
+@dataclass
+class _Step:
+    step: int
+    prev_end: Any  # the previous step's end event; None when the gap is not a boundary
+    ready: Any
+    start: Any
+    end: Any = None
+    h_prev_start: float = 0.0
+    h_prev_end: float = 0.0
+    h_ready: float | None = None
+    h_start: float = 0.0
+    h_end: float = 0.0
+    waits: list[Interval] = field(default_factory=list)
+    syncs: list[float] = field(default_factory=list)
+
+
+class StepTimer:
+    """Times training steps and the idle gaps between them on ``device``'s compute stream.
+
+    Args:
+        device: the device the steps run on; CUDA gets events, anything else host clocks.
+        capacity: the most CUDA events held at once (4 per step in flight).
+        sync_marks: where the host's syncs are seen (``SyncMarks``); None: not attributed.
+        tolerance_ms: how close two host/device instants must be to count as the same
+            (event launch latency and clock reads).
+        pool: where events come from (``acquire``/``release``); by default an
+            ``EventPool(capacity)`` on CUDA and host-clock stand-ins elsewhere.
+    """
+
+    def __init__(
+        self,
+        device: torch.device | str,
+        capacity: int = 256,
+        sync_marks: SyncMarks | None = None,
+        tolerance_ms: float = 0.1,
+        pool: Any = None,
+    ) -> None:
+        device = torch.device(device)
+        self.is_cuda = device.type == "cuda"
+        self.device = device
+        self.clock = "cuda events" if self.is_cuda else "host clock"
+        if pool is None:
+            pool = EventPool(capacity) if self.is_cuda else _HostEventPool()
+        self._pool = pool
+        self.sync_marks = sync_marks if self.is_cuda else None
+        self._tolerance_s = tolerance_ms / 1e3
+        self._refs: dict[Any, int] = {}
+        self._pending: deque[_Step] = deque()
+        self._current: _Step | None = None
+        self._steps = 0
+        self.untimed = 0  # steps without device figures because the pool ran dry
+        # the gap being measured
+        self._last_end: Any = None
+        self._h_last_end = 0.0
+        self._h_last_start = 0.0
+        self._gap_ready: Any = None
+        self._h_ready: float | None = None
+        self._gap_waits: list[Interval] = []
+
+    @property
+    def next_step(self) -> int:
+        """The number the next ``start_step`` will get (steps are counted from 0)."""
+        return self._steps
+
+    # -- marks, in step order ---------------------------------------------------------
+
+    def data_wait(self, start_s: float, end_s: float) -> None:
+        """The host waited for the DataLoader from ``start_s`` to ``end_s`` (perf_counter)."""
+        self._gap_waits.append((start_s, end_s))
+        ready = self._record()
+        self._drop(self._gap_ready)  # only the last read before the step counts
+        self._gap_ready, self._h_ready = ready, time.perf_counter()
+
+    def start_step(self) -> None:
+        if self._current is not None:  # a step that never ended (an exception, a skip)
+            self._discard(self._current)
+        start = self._record()
+        h_start = time.perf_counter()
+        marks = self.sync_marks.since(self._h_last_start) if self.sync_marks else []
+        self._current = _Step(
+            step=self._steps,
+            prev_end=self._last_end,  # the reference moves to this step
+            ready=self._gap_ready,
+            start=start,
+            h_prev_start=self._h_last_start,
+            h_prev_end=self._h_last_end,
+            h_ready=self._h_ready,
+            h_start=h_start,
+            waits=self._gap_waits,
+            syncs=marks,
+        )
+        self._last_end, self._gap_ready, self._h_ready, self._gap_waits = None, None, None, []
+        self._h_last_start = h_start
+        self._steps += 1
+
+    def end_step(self) -> None:
+        step = self._current
+        if step is None:
+            return
+        self._current = None
+        step.end = self._record()
+        step.h_end = time.perf_counter()
+        self._hold(step.end)  # once for this step, once for the next step's gap
+        self._last_end, self._h_last_end = step.end, step.h_end
+        self._pending.append(step)
+
+    def break_gap(self) -> None:
+        """What follows is not a step boundary (validation, an epoch's end): no idle figure
+        for the next step's gap."""
+        self._drop(self._last_end)
+        self._drop(self._gap_ready)
+        self._last_end, self._gap_ready, self._h_ready, self._gap_waits = None, None, None, []
+
+    # -- read-back --------------------------------------------------------------------
+
+    def poll(self, block: bool = False) -> list[StepTiming]:
+        """The steps whose events have all completed, oldest first.
+
+        ``block=True`` waits for the rest: only where waiting costs nothing (run end).
+        """
+        done = []
+        while self._pending:
+            step = self._pending[0]
+            marks = (step.prev_end, step.ready, step.start, step.end)
+            events = [e for e in marks if e is not None]
+            if block:
+                for e in events:
+                    e.synchronize()
+            elif not all(e.query() for e in events):
+                break
+            self._pending.popleft()
+            done.append(self._resolve(step))
+            self._discard(step)
+        return done
+
+    def close(self) -> list[StepTiming]:
+        """Read back every ended step (blocking) and give all events back."""
+        done = self.poll(block=True)
+        if self._current is not None:
+            self._discard(self._current)
+            self._current = None
+        self.break_gap()
+        return done
+
+    # -- internals --------------------------------------------------------------------
+
+    def _record(self) -> Any:
+        event = self._pool.acquire()
+        if event is not None:
+            event.record(torch.cuda.current_stream(self.device) if self.is_cuda else None)
+            self._hold(event)
+        return event
+
+    def _hold(self, event: Any) -> None:
+        if event is not None:
+            self._refs[event] = self._refs.get(event, 0) + 1
+
+    def _drop(self, event: Any) -> None:
+        if event is None:
+            return
+        left = self._refs.get(event, 0) - 1
+        if left > 0:
+            self._refs[event] = left
+        else:
+            self._refs.pop(event, None)
+            self._pool.release(event)
+
+    def _discard(self, step: _Step) -> None:
+        for e in (step.prev_end, step.ready, step.start, step.end):
+            self._drop(e)
+
+    def _resolve(self, step: _Step) -> StepTiming:
+        waits_ms = 1e3 * sum(e - s for s, e in step.waits)
+        device = transfer = idle = None
+        if step.start is not None and step.end is not None:
+            device = step.start.elapsed_time(step.end)
+        else:
+            self.untimed += 1
+        if step.prev_end is not None and step.start is not None:
+            if step.ready is not None:
+                idle = max(0.0, step.prev_end.elapsed_time(step.ready))
+                transfer = max(0.0, step.ready.elapsed_time(step.start))
+            else:
+                idle = max(0.0, step.prev_end.elapsed_time(step.start))
+        idle_end = step.h_ready if step.ready is not None else step.h_start
+        return StepTiming(
+            step=step.step,
+            host_ms=1e3 * (step.h_end - step.h_start),
+            data_wait_ms=waits_ms,
+            device_ms=device,
+            transfer_ms=transfer,
+            idle_ms=idle,
+            causes=self._attribute(step, idle, idle_end),
+            syncs=len(step.syncs),
+        )
+
+    def _attribute(
+        self, step: _Step, idle_ms: float | None, idle_end: float | None
+    ) -> dict[str, float | None]:
+        if idle_ms is None or idle_end is None:
+            return dict.fromkeys(CAUSES)
+        drained = idle_end - idle_ms / 1e3  # when the GPU ran out of work, host clock
+        data = min(idle_ms, 1e3 * overlap_length((drained, idle_end), step.waits))
+        rest = idle_ms - data
+        causes: dict[str, float | None] = {"data_wait": data, "other": 0.0}
+        if not self.is_cuda:
+            # No queue on the host: nothing to drain, nothing to stall on.
+            causes.update(sync_stall=None, launch_bound=None, other=rest)
+            return {c: causes[c] for c in CAUSES}
+        tol = self._tolerance_s
+        ran_dry_in_step = drained <= step.h_prev_end + tol
+        sync_in_gap = any(step.h_prev_end <= t <= drained + tol for t in step.syncs)
+        sync_in_step = any(step.h_prev_start <= t <= step.h_prev_end for t in step.syncs)
+        causes.update(sync_stall=0.0, launch_bound=0.0)
+        if sync_in_gap or (ran_dry_in_step and sync_in_step):
+            causes["sync_stall"] = rest
+        elif ran_dry_in_step:
+            causes["launch_bound"] = rest
+        else:
+            causes["other"] = rest
+        return {c: causes[c] for c in CAUSES}
+
+
+class TimedReads(Iterator):
+    """Yields ``source``'s items and tells ``timer`` how long the host waited for each."""
+
+    def __init__(self, source: Iterable, timer: StepTimer) -> None:
+        self._source = iter(source)
+        self._timer = timer
+
+    def __next__(self) -> Any:
+        t0 = time.perf_counter()
+        item = next(self._source)  # StopIteration passes through: not a wait for data
+        self._timer.data_wait(t0, time.perf_counter())
+        return item

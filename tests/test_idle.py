@@ -1,0 +1,440 @@
+"""Idle time: interval maths, trace analysis on known answers, the step timer's control flow
+(host clocks, and CUDA's event logic with scripted events), the report, and the callback."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import time
+
+import pytest
+import torch
+
+from template.perf.idle import (
+    CAUSES,
+    IdleStats,
+    StepSeries,
+    StepTimer,
+    TimedReads,
+    analyze_trace,
+    build_report,
+    render_table,
+    save_picture,
+)
+from template.perf.idle.intervals import gaps, merge, overlap_length, union_length
+from tests.conftest import DEBUG, DEFAULT
+
+# -- intervals -----------------------------------------------------------------------
+
+
+def test_interval_union_overlap_and_gaps():
+    assert merge([(5, 6), (0, 4), (2, 3), (4, 4.5), (9, 9)]) == [(0, 4.5), (5, 6)]
+    assert union_length([(0, 4), (2, 6), (8, 9), (8, 9)]) == 7
+    assert overlap_length((3, 10), [(0, 4), (8, 12)]) == 3
+    assert overlap_length((3, 10), []) == 0
+    assert gaps([(0, 4.5), (5, 6), (6, 7)]) == [(4.5, 5)]
+
+
+# -- analyze_trace on synthetic traces with known answers ------------------------------
+
+
+def kernel(ts, dur, stream=7, name="void gemm_kernel", corr=None, cat="kernel", device=0):
+    args = {} if corr is None else {"correlation": corr}
+    return {"ph": "X", "cat": cat, "name": name, "pid": device, "tid": stream, "ts": ts,
+            "dur": dur, "args": args}  # fmt: skip
+
+
+def host(ts, dur, name, cat="cpu_op", corr=None, tid=1):
+    args = {} if corr is None else {"correlation": corr}
+    return {"ph": "X", "cat": cat, "name": name, "pid": 100, "tid": tid, "ts": ts,
+            "dur": dur, "args": args}  # fmt: skip
+
+
+def launch(ts, corr, name="cudaLaunchKernel", dur=2.0):
+    return host(ts, dur, name, cat="cuda_runtime", corr=corr)
+
+
+def test_busy_is_the_union_over_streams_with_memcpy_memset_and_cpu_events_ignored():
+    events = [
+        kernel(0, 10, stream=7),
+        kernel(5, 10, stream=8),  # overlaps the first on another stream: 0..15 busy
+        kernel(20, 5, cat="gpu_memcpy", name="Memcpy HtoD (Pinned -> Device)"),
+        kernel(25, 2, cat="gpu_memset", name="Memset (Device)"),  # touches the memcpy
+        kernel(30, 5, stream=7),
+        kernel(30, 5, stream=9),  # identical interval: counted once
+        kernel(40, 10, stream=7),
+        kernel(42, 2, stream=8),  # nested inside the previous
+        host(-100, 400, "aten::conv2d"),  # CPU activity: not device activity
+        {"ph": "X", "cat": "python_function", "name": "train.py(12): step", "pid": 100,
+         "tid": 1, "ts": 0, "dur": 500},
+        {"ph": "i", "cat": "kernel", "name": "instant, not a span", "pid": 0, "tid": 7, "ts": 99},
+    ]  # fmt: skip
+    r = analyze_trace({"traceEvents": events})
+    assert r.span_ms == pytest.approx(0.050)
+    assert r.busy_ms == pytest.approx((15 + 7 + 5 + 10) / 1e3)
+    assert r.idle_ms == pytest.approx(0.013)
+    assert r.memcpy_ms == pytest.approx(0.005) and r.memset_ms == pytest.approx(0.002)
+    assert r.compute_ms == pytest.approx((15 + 5 + 10) / 1e3)
+    assert r.device_events == 8 and r.streams == 3
+    assert sum(r.causes.values()) == pytest.approx(r.idle_ms)
+    assert r.idle_pct == pytest.approx(26.0)
+
+
+def test_nccl_kernels_are_reported_apart_from_compute():
+    events = [
+        kernel(0, 20, stream=20, name="ncclDevKernel_AllReduce_Sum_f32_RING_LL(...)"),
+        kernel(0, 5, stream=7),
+        kernel(30, 10, stream=7),
+    ]
+    r = analyze_trace({"traceEvents": events})
+    assert r.busy_ms == pytest.approx(0.030) and r.idle_ms == pytest.approx(0.010)
+    assert r.nccl_ms == pytest.approx(0.020)
+    assert r.compute_ms == pytest.approx(0.015)
+    # Time covered only by NCCL (5..20) counts as idle when NCCL is left out.
+    assert r.idle_without_nccl_ms == pytest.approx((40 - 15) / 1e3)
+
+
+def test_gaps_are_host_waits_only_when_the_next_kernel_was_launched_after_the_last_ended():
+    events = [
+        launch(-5, 1), kernel(0, 10, corr=1),
+        launch(25, 2), kernel(30, 10, corr=2),  # launched at 25 > 10: host wait of 20
+        launch(35, 3), kernel(50, 10, corr=3),  # launched at 35 < 40: the GPU's own wait
+    ]  # fmt: skip
+    r = analyze_trace({"traceEvents": events})
+    assert r.idle_ms == pytest.approx(0.030)
+    assert r.host_wait_ms == pytest.approx(0.020)
+    assert r.causes["other"] == pytest.approx(0.030)  # no data, sync or operator around
+
+
+def test_host_wait_causes_data_wait_sync_stall_and_launch_bound():
+    events = [
+        launch(-5, 1), kernel(0, 10, corr=1),
+        # gap 10..30: the host was in a DataLoader read 8..22, then in a sync until 10.5
+        host(8, 14, "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__",
+             cat="user_annotation"),
+        host(2, 8.5, "cudaStreamSynchronize", cat="cuda_runtime"),
+        launch(25, 2), kernel(30, 10, corr=2),
+        # gap 40..60: the host was inside aten::add (40 < 35+30) when the GPU ran dry
+        host(35, 28, "aten::add"), launch(58, 3), kernel(60, 5, corr=3),
+        # gap 65..80: the host was between operators
+        host(70, 20, "aten::mul"), launch(75, 4), kernel(80, 5, corr=4),
+    ]  # fmt: skip
+    r = analyze_trace({"traceEvents": events})
+    assert r.host_wait_ms == pytest.approx((20 + 20 + 15) / 1e3)
+    assert r.causes["data_wait"] == pytest.approx(0.012)  # 10..22 of the first gap
+    assert r.causes["sync_stall"] == pytest.approx(0.008)  # the rest of it
+    assert r.causes["launch_bound"] == pytest.approx(0.020)
+    assert r.causes["other"] == pytest.approx(0.015)
+    assert sum(r.causes.values()) == pytest.approx(r.idle_ms)
+
+
+def test_per_profiler_step_figures_and_the_gap_between_steps():
+    events = [
+        host(0, 50, "ProfilerStep#3", cat="user_annotation"),
+        host(50, 50, "ProfilerStep#4", cat="user_annotation"),
+        launch(1, 1), kernel(5, 10, corr=1),
+        launch(2, 2), kernel(20, 10, corr=2),  # in-step idle 15..20, launched early
+        launch(60, 3), kernel(62, 8, corr=3),  # step 4 starts 32 after step 3's last end
+        launch(61, 4), kernel(66, 8, corr=4, stream=8),  # overlapping: busy 62..74
+    ]  # fmt: skip
+    r = analyze_trace({"traceEvents": events})
+    three, four = r.steps
+    assert three.name == "ProfilerStep#3" and three.device_events == 2
+    assert (three.span_ms, three.busy_ms, three.idle_ms) == pytest.approx((0.025, 0.020, 0.005))
+    assert three.gap_before_ms is None
+    assert (four.span_ms, four.busy_ms, four.idle_ms) == pytest.approx((0.012, 0.012, 0.0))
+    assert four.gap_before_ms == pytest.approx(0.032)
+    assert four.causes["other"] == pytest.approx(0.032)  # host wait, host doing nothing known
+    assert r.idle_ms == pytest.approx(0.005 + 0.032)
+
+
+def test_trace_from_a_path_a_gzipped_path_or_a_list(tmp_path):
+    trace = {"traceEvents": [kernel(0, 10), kernel(20, 10)]}
+    plain, zipped = tmp_path / "t.json", tmp_path / "t.json.gz"
+    plain.write_text(json.dumps(trace))
+    with gzip.open(zipped, "wt") as f:
+        json.dump(trace, f)
+    for source in (plain, str(plain), zipped, trace, trace["traceEvents"]):
+        assert analyze_trace(source).idle_ms == pytest.approx(0.010)
+    empty = analyze_trace({"traceEvents": []})
+    assert (empty.span_ms, empty.busy_ms, empty.idle_ms, empty.idle_pct) == (0, 0, 0, None)
+    with pytest.raises(ValueError, match="traceEvents"):
+        analyze_trace(42)
+
+
+def test_a_real_cpu_profiler_trace(tmp_path):
+    """The PyTorch profiler's own export parses: its steps are found; no device activity."""
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    path = tmp_path / "cpu.pt.trace.json"
+    with profile(
+        activities=[ProfilerActivity.CPU],
+        schedule=schedule(wait=0, warmup=1, active=3, repeat=1),
+        on_trace_ready=lambda p: p.export_chrome_trace(str(path)),
+    ) as prof:
+        for _ in range(5):
+            loss = model(torch.randn(16, 32)).square().mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            prof.step()
+    r = analyze_trace(path)
+    assert [s.name for s in r.steps] == ["ProfilerStep#1", "ProfilerStep#2", "ProfilerStep#3"]
+    assert r.device_events == 0 and (r.span_ms, r.busy_ms, r.idle_ms) == (0, 0, 0)
+    assert all(s.device_events == 0 for s in r.steps)
+
+
+# -- StepTimer on host clocks ----------------------------------------------------------
+
+
+def test_host_clock_timer_measures_data_wait_idle_and_step_time():
+    def loader():
+        for i in range(5):
+            time.sleep(0.02)  # the DataLoader is slow
+            yield i
+
+    timer = StepTimer("cpu")
+    done = []
+    for _ in TimedReads(loader(), timer):
+        timer.start_step()
+        time.sleep(0.01)
+        timer.end_step()
+        done += timer.poll()  # host clocks: complete at once
+    assert [t.step for t in done] == [0, 1, 2, 3, 4]
+    first, rest = done[0], done[1:]
+    assert first.idle_ms is None and first.device_ms >= 9.5  # no step boundary before it
+    for t in rest:
+        assert t.data_wait_ms >= 19.5 and t.device_ms >= 9.5
+        assert t.idle_ms >= t.data_wait_ms  # idle covers the read, plus loop overhead
+        assert t.causes["data_wait"] == pytest.approx(t.data_wait_ms, abs=0.2)
+        assert t.causes["sync_stall"] is None and t.causes["launch_bound"] is None
+    stats = IdleStats()
+    for t in done:
+        stats.add_step(t)
+    means = stats.means(cuda=False)
+    assert stats.steps == 5 and stats.timed_steps == 4
+    assert means["sync_stall_ms"] is None and means["syncs_per_step"] is None
+    assert 50 < means["idle_pct"] < 80  # 20 ms of data per 10 ms of compute
+
+
+def test_a_broken_gap_gives_no_idle_figure():
+    timer = StepTimer("cpu")
+    timer.start_step()
+    timer.end_step()
+    timer.break_gap()  # e.g. validation ran here
+    timer.start_step()
+    timer.end_step()
+    timer.start_step()
+    timer.end_step()
+    idle = [t.idle_ms for t in timer.poll()]
+    assert idle[0] is None and idle[1] is None and idle[2] is not None
+
+
+# -- StepTimer's CUDA logic, with scripted events -----------------------------------------
+
+
+class ScriptedEvent:
+    """A CUDA event whose device time is set by the test; complete once the clock passes it."""
+
+    def __init__(self, gpu) -> None:
+        self.gpu = gpu
+        self.t = None
+
+    def record(self, stream=None):
+        self.t = self.gpu.next_time()
+
+    def query(self):
+        return self.t is not None and self.t <= self.gpu.now
+
+    def synchronize(self):
+        self.gpu.now = max(self.gpu.now, self.t)
+
+    def elapsed_time(self, end):
+        assert self.query() and end.query(), "elapsed_time on an unfinished event"
+        return end.t - self.t
+
+
+class ScriptedGPU:
+    """Hands out events (a bounded pool) and the device times the next records get."""
+
+    def __init__(self, capacity=16) -> None:
+        self.capacity, self.free, self.made = capacity, [], 0
+        self.times: list[float] = []
+        self.now = 0.0
+
+    def next_time(self):
+        return self.times.pop(0)
+
+    def acquire(self):
+        if self.free:
+            return self.free.pop()
+        if self.made >= self.capacity:
+            return None
+        self.made += 1
+        return ScriptedEvent(self)
+
+    def release(self, *events):
+        self.free.extend(e for e in events if e is not None)
+
+    @property
+    def in_use(self):
+        return self.made - len(self.free)
+
+
+@pytest.fixture
+def scripted(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: None)
+    gpu = ScriptedGPU()
+    return gpu, StepTimer(torch.device("cuda", 0), pool=gpu)
+
+
+def test_cuda_timer_reads_back_lazily_and_holds_a_bounded_number_of_events(scripted):
+    gpu, timer = scripted
+    for step in range(5):
+        base = 10.0 * step  # device ms: 2 ms idle, 1 ms transfer, 7 ms step
+        gpu.times += [base + 2, base + 3, base + 10]
+        timer.data_wait(0.0, 0.0)
+        timer.start_step()
+        timer.end_step()
+        assert timer.poll() == []  # the GPU has not got there yet: nothing blocks
+        assert gpu.in_use == 3 * (step + 1)  # ready, start, end per step in flight
+    gpu.now = 35.0  # the GPU has finished step 2 (ends at 30)
+    done = timer.poll()
+    assert [t.step for t in done] == [0, 1, 2]
+    assert done[0].idle_ms is None  # no step before the first
+    assert [(t.idle_ms, t.transfer_ms, t.device_ms) for t in done[1:]] == [(2, 1, 7)] * 2
+    rest = timer.close()  # at the end of the run: waits for the rest
+    assert [t.step for t in rest] == [3, 4]
+    assert gpu.in_use == 0, "events leaked"
+
+
+def test_cuda_timer_pool_exhaustion_leaves_steps_untimed_not_broken(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: None)
+    gpu = ScriptedGPU(capacity=5)
+    timer = StepTimer(torch.device("cuda", 0), pool=gpu)
+    for step in range(4):
+        gpu.times += [10.0 * step + 1, 10.0 * step + 9]
+        timer.start_step()
+        timer.end_step()
+    done = timer.close()
+    assert len(done) == 4 and timer.untimed >= 1
+    assert any(t.device_ms is None for t in done) and gpu.in_use == 0
+
+
+def _one_gap(scripted, *, gpu_drains_at, syncs=(), step_end_host=100.0, ready_host=110.0):
+    """Step 0 ends (host) at ``step_end_host``; the GPU runs dry at ``gpu_drains_at`` (host
+    clock, ms); the host records ready at ``ready_host``. Returns step 1's causes."""
+    gpu, timer = scripted
+    clock = iter([0.0, step_end_host, ready_host, ready_host + 1, ready_host + 10])
+    marks = type("Marks", (), {"since": lambda self, t: [s / 1e3 for s in syncs]})()
+    timer.sync_marks = marks
+    import template.perf.idle.step_timer as st
+
+    real = st.time.perf_counter
+    st.time.perf_counter = lambda: next(clock) / 1e3
+    try:
+        idle = ready_host - max(gpu_drains_at, step_end_host)
+        # device times: start 0, end 50 (any), ready 50 + idle, start 51 + idle, end 60 + idle
+        gpu.times += [0.0, 50.0, 50.0 + idle, 51.0 + idle, 60.0 + idle]
+        timer.start_step()
+        timer.end_step()
+        timer.data_wait(ready_host / 1e3 - 0.002, ready_host / 1e3)  # 2 ms of data wait
+        timer.start_step()
+        timer.end_step()
+    finally:
+        st.time.perf_counter = real
+    step1 = timer.close()[1]
+    assert step1.idle_ms == pytest.approx(idle)
+    return step1.causes
+
+
+def test_cuda_causes_other_when_the_gpu_drained_while_the_host_was_between_steps(scripted):
+    causes = _one_gap(scripted, gpu_drains_at=104.0)  # 6 ms idle, the last 2 in data
+    assert causes == pytest.approx(
+        {"data_wait": 2.0, "sync_stall": 0.0, "launch_bound": 0.0, "other": 4.0}
+    )
+
+
+def test_cuda_causes_sync_stall_when_a_sync_started_before_the_gpu_drained(scripted):
+    causes = _one_gap(scripted, gpu_drains_at=104.0, syncs=[101.0])
+    assert causes == pytest.approx(
+        {"data_wait": 2.0, "sync_stall": 4.0, "launch_bound": 0.0, "other": 0.0}
+    )
+
+
+def test_cuda_causes_launch_bound_when_the_gpu_ran_dry_before_the_step_was_enqueued(scripted):
+    causes = _one_gap(scripted, gpu_drains_at=95.0)  # dry before the host ended step 0
+    assert causes == pytest.approx(
+        {"data_wait": 2.0, "sync_stall": 0.0, "launch_bound": 8.0, "other": 0.0}
+    )
+
+
+# -- stats, series and the report ------------------------------------------------------
+
+
+def test_idle_stats_travel_as_a_flat_list_and_series_stay_bounded():
+    s = IdleStats(steps=3, timed_steps=2, idle_ms=4.0, device_ms=16.0, data_wait_ms=4.0)
+    assert IdleStats.from_list(s.as_list()) == s
+    assert s.means(cuda=True)["idle_pct"] == pytest.approx(20.0)
+    assert s.take() == IdleStats(steps=3, timed_steps=2, idle_ms=4.0, device_ms=16.0,
+                                 data_wait_ms=4.0) and s == IdleStats()  # fmt: skip
+    from template.perf.idle import StepTiming
+
+    series = StepSeries(capacity=64)
+    for i in range(1000):
+        series.add(StepTiming(i, 1.0, 0.0, 2.0, 0.0, 1.0, dict.fromkeys(CAUSES, 0.25)))
+    assert len(series.rows) < 64 and series.rows[-1][0] > 900
+
+
+def test_report_names_the_slowest_rank_and_reads_na_for_gpu_figures_on_a_host_clock(tmp_path):
+    fast = IdleStats(steps=10, timed_steps=10, idle_ms=10.0, device_ms=90.0, other_ms=10.0)
+    slow = IdleStats(steps=10, timed_steps=10, idle_ms=40.0, device_ms=60.0, data_wait_ms=40.0)
+    report = build_report([fast, slow], cuda=False, clock="host clock")
+    assert report["slowest_rank"]["rank"] == 1
+    assert report["slowest_rank"]["idle_pct"] == pytest.approx(40.0)
+    assert report["mean"]["idle_pct"] == pytest.approx(25.0)
+    assert report["mean"]["sync_stall_ms"] is None
+    text = "\n".join(render_table(report))
+    assert "rank 1" in text and "n/a" in text and "25.00%" in text
+    json.dumps(report)  # JSON-ready
+    rows = {0: [[float(i), 0.5, 0.1, 9.0, 1.0, 0.0, 0.0, 0.5] for i in range(20)]}
+    path = save_picture(rows, tmp_path / "idle.png")
+    assert path is not None and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# -- the callback, in a real fit on the CPU ------------------------------------------------
+
+
+def test_idle_monitor_logs_reports_and_captures_a_profiler_window(tmp_path, monkeypatch):
+    from template.train import main
+
+    monkeypatch.chdir(tmp_path)
+    code = main(
+        [
+            "fit", "--config", DEFAULT, "--config", DEBUG,
+            "--trainer.limit_train_batches=12", "--trainer.max_epochs=2",
+            "--trainer.log_every_n_steps=4",
+            '--trainer.callbacks+={"class_path": "template.callbacks.IdleTimeMonitor",'
+            ' "init_args": {"trace_every_n_steps": 8, "trace_steps": 2, "warmup_steps": 2}}',
+        ]
+    )  # fmt: skip
+    assert code == 0
+    run = tmp_path / "runs" / "debug" / "version_0"
+    report = json.loads((run / "idle.json").read_text())
+    assert report["clock"] == "host clock" and report["world_size"] == 1
+    mean = report["mean"]
+    assert mean["idle_pct"] is not None and 0 <= mean["idle_pct"] < 100
+    assert mean["sync_stall_ms"] is None and mean["launch_bound_ms"] is None
+    assert sum(mean[f"{c}_ms"] or 0 for c in CAUSES) == pytest.approx(mean["idle_ms"])
+    # The prefetcher's and the sync detector's figures are in the same report.
+    assert report["prefetch"]["steps"] == 24 and report["syncs"]["watched_steps"] >= 3
+    # Profiler windows at steps 8 and 16 (plus a warm-up step each): saved and analysed.
+    traces = sorted((run / "traces").glob("rank0-step*.pt.trace.json"))
+    assert [t["first_step"] for t in report["traces"]] == [9, 17]
+    assert len(traces) == 2 and report["traces"][0]["device_events"] == 0
+    assert (run / "idle.png").read_bytes()[:4] == b"\x89PNG"
+    header = (run / "metrics.csv").read_text().splitlines()[0]
+    assert "idle/idle_pct" in header and "idle/host_data_wait_ms" in header
+    assert "idle/sync_stall_ms" not in header  # n/a on a host clock: not logged as a number

@@ -26,10 +26,14 @@ tests_rc=${PIPESTATUS[0]}
 prefetch_rc=$?
 "$py" -m bench.syncs --device cuda --out "$out" > "$out/syncs.txt" 2>&1
 syncs_rc=$?
+"$py" -m bench.idle --device cuda --out "$out" > "$out/idle.txt" 2>&1
+idle_rc=$?
 echo
 echo "== GPU tests: $(tail -n 1 "$out/gpu_tests.txt")"
 echo "== prefetch benchmark (python -m bench.prefetch):"
 grep -A 10 "^copy of one batch" "$out/prefetch.txt" || tail -n 20 "$out/prefetch.txt"
 echo "== sync detector benchmark (python -m bench.syncs --device cuda):"
 grep -A 10 "^detector cost" "$out/syncs.txt" || tail -n 20 "$out/syncs.txt"
-exit $(( tests_rc != 0 || prefetch_rc != 0 || syncs_rc != 0 ))
+echo "== idle-time benchmark (python -m bench.idle --device cuda):"
+grep -A 12 "^injected idle" "$out/idle.txt" || tail -n 20 "$out/idle.txt"
+exit $(( tests_rc != 0 || prefetch_rc != 0 || syncs_rc != 0 || idle_rc != 0 ))

@@ -256,3 +256,39 @@ def test_default_config_steady_steps_run_under_sync_debug_error(in_tmp):
     assert code == 0
     assert ErrorOnSteadySyncs.armed_steps >= 20
     assert torch.cuda.get_sync_debug_mode() == 0
+
+
+def test_idle_time_recovers_injected_host_delays_by_events_and_by_trace():
+    """After draining the queue the host waits d ms: both methods see d, as a sync stall."""
+    from bench.idle import injected_delays
+
+    for row in injected_delays(torch.device("cuda"), steps=20):
+        tol = row["tolerance_ms"]  # max(0.1 ms, 5% of the step)
+        assert abs(row["event_error_ms"]) <= tol, row
+        assert row["trace_idle_ms"] is not None and abs(row["trace_error_ms"]) <= tol, row
+        if row["delay_ms"] >= 1:
+            assert row["event_causes_ms"]["sync_stall"] >= 0.9 * row["delay_ms"], row
+
+
+def test_idle_monitor_on_cuda_times_with_events_and_traces_device_work(in_tmp):
+    import json
+    from pathlib import Path
+
+    code = main(
+        [
+            "fit", "--config", DEFAULT, "--config", DEBUG,
+            "--trainer.limit_train_batches=24", "--trainer.log_every_n_steps=8",
+            '--trainer.callbacks+={"class_path": "template.callbacks.IdleTimeMonitor",'
+            ' "init_args": {"trace_every_n_steps": 10, "trace_steps": 3}}',
+        ]
+    )  # fmt: skip
+    assert code == 0
+    report = json.loads(Path("runs/debug/version_0/idle.json").read_text())
+    assert report["clock"] == "cuda events"
+    mean = report["mean"]
+    assert mean["device_ms"] > 0 and mean["sync_stall_ms"] is not None
+    assert mean["syncs_per_step"] is not None
+    trace = report["traces"][0]
+    assert trace["device_events"] > 0 and trace["busy_ms"] > 0
+    assert trace["span_ms"] == pytest.approx(trace["busy_ms"] + trace["idle_ms"])
+    assert torch.cuda.get_sync_debug_mode() == 0  # the monitor's sync marks were undone

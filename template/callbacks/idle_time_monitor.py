@@ -236,12 +236,18 @@ class IdleTimeMonitor(pl.Callback):
         self._trace_done = False
         rank = trainer.global_rank
         t0 = time.perf_counter()
-        self._profiler = profile(
-            activities=activities,
-            schedule=schedule(wait=0, warmup=1, active=self.trace_steps, repeat=1),
-            on_trace_ready=lambda prof: self._trace_ready(prof, rank),
-        )
-        self._profiler.start()
+        try:
+            self._profiler = profile(
+                activities=activities,
+                schedule=schedule(wait=0, warmup=1, active=self.trace_steps, repeat=1),
+                on_trace_ready=lambda prof: self._trace_ready(prof, rank),
+            )
+            self._profiler.start()
+        except RuntimeError as err:  # e.g. CUPTI missing or held by another profiler
+            self._profiler = None
+            self.trace_every_n_steps = 0
+            log.warning("IdleTimeMonitor: profiler windows are off: %s", err)
+            return
         self._profiled.append([self.timer.next_step, 1 << 62])
         self._trace_seconds += time.perf_counter() - t0
 

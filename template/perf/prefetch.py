@@ -39,13 +39,14 @@ import warnings
 from collections import deque
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from lightning_utilities.core.apply_func import apply_to_collection
 
 from template.perf.events import EventPool
+from template.perf.window_sums import WindowSums
 
 PAGEABLE_WARNING = (
     "batches reach the prefetcher in pageable host memory, where a non_blocking copy "
@@ -55,7 +56,7 @@ PAGEABLE_WARNING = (
 
 
 @dataclass
-class PrefetchStats:
+class PrefetchStats(WindowSums):
     """Sums over a window of steps. ``means()`` turns them into per-step figures.
 
     ``copy_ms`` is device time on the side stream (CUDA events) or host time of the
@@ -70,30 +71,6 @@ class PrefetchStats:
     exposed_copies: int = 0
     exposed_copy_ms: float = 0.0
     pageable_batches: int = 0
-
-    def add(self, other: PrefetchStats) -> None:
-        for f in fields(self):
-            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
-
-    def take(self) -> PrefetchStats:
-        """Return a copy of the sums and zero them (one logging window)."""
-        out = PrefetchStats(**{f.name: getattr(self, f.name) for f in fields(self)})
-        for f in fields(self):
-            setattr(self, f.name, type(getattr(self, f.name))(0))
-        return out
-
-    def as_list(self) -> list[float]:
-        return [float(getattr(self, f.name)) for f in fields(self)]
-
-    @classmethod
-    def from_list(cls, values: Iterable[float]) -> PrefetchStats:
-        kinds = [f.name for f in fields(cls)]
-        return cls(
-            **{
-                name: (round(v) if isinstance(getattr(cls, name), int) else float(v))
-                for name, v in zip(kinds, values, strict=True)
-            }
-        )
 
     def means(self) -> dict[str, float | None]:
         """Per-step data wait, per-copy time, exposed time and hidden share; None = n/a."""

@@ -49,7 +49,6 @@ import re
 import sys
 import sysconfig
 import threading
-import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -58,9 +57,9 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-T = TypeVar("T")
+from template.perf.cuda_sync_warnings import cuda_sync_warnings
 
-_CUDA_SYNC_WARNING = "called a synchronizing CUDA operation"
+T = TypeVar("T")
 
 
 class SyncError(RuntimeError):
@@ -267,32 +266,13 @@ class SyncDetector:
             and torch.cuda.is_initialized()
         )
 
-    @contextlib.contextmanager
-    def _cuda_debug_warnings(self) -> Iterator[None]:
-        previous_mode = torch.cuda.get_sync_debug_mode()
-        with warnings.catch_warnings():
-            # "always": Python would otherwise show a location's warning only once.
-            warnings.filterwarnings("always", message=_CUDA_SYNC_WARNING)
-            show = warnings.showwarning
+    def _cuda_debug_warnings(self) -> contextlib.AbstractContextManager:
+        def on_sync() -> None:
+            current = self._ops[-1] if self._ops else None
+            name = f"{current} (CUDA sync debug)" if current else "a CUDA sync"
+            self.record(name, aten=current)
 
-            def showwarning(message, category, filename, lineno, file=None, line=None):
-                if _CUDA_SYNC_WARNING not in str(message):
-                    return show(message, category, filename, lineno, file, line)
-                if threading.get_ident() == self._thread:
-                    current = self._ops[-1] if self._ops else None
-                    name = f"{current} (CUDA sync debug)" if current else "a CUDA sync"
-                    self.record(name, aten=current)
-                if getattr(show, "records_cuda_syncs", False):  # the idle monitor's marks
-                    show(message, category, filename, lineno, file, line)
-                return None
-
-            warnings.showwarning = showwarning
-            if previous_mode == 0:  # leave "error" alone if the user set it
-                torch.cuda.set_sync_debug_mode("warn")
-            try:
-                yield
-            finally:
-                torch.cuda.set_sync_debug_mode(previous_mode)
+        return cuda_sync_warnings(on_sync)
 
 
 def detect_syncs(

@@ -14,18 +14,18 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 from template.perf.idle.intervals import CAUSES
 from template.perf.idle.step_timer import StepTiming
+from template.perf.window_sums import WindowSums
 
 # The figures that need a GPU queue: None on a host clock.
 GPU_ONLY = ("sync_stall_ms", "launch_bound_ms")
 
 
 @dataclass
-class IdleStats:
+class IdleStats(WindowSums):
     steps: int = 0  # steps read back
     host_ms: float = 0.0
     host_data_wait_ms: float = 0.0
@@ -53,27 +53,6 @@ class IdleStats:
         for cause in CAUSES:
             name = f"{cause}_ms"
             setattr(self, name, getattr(self, name) + (t.causes.get(cause) or 0.0))
-
-    def add(self, other: IdleStats) -> None:
-        for f in fields(self):
-            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
-
-    def take(self) -> IdleStats:
-        """A copy of the sums; the sums start again from zero."""
-        out = IdleStats(**{f.name: getattr(self, f.name) for f in fields(self)})
-        for f in fields(self):
-            setattr(self, f.name, type(getattr(self, f.name))(0))
-        return out
-
-    def as_list(self) -> list[float]:
-        return [float(getattr(self, f.name)) for f in fields(self)]
-
-    @classmethod
-    def from_list(cls, values: Iterable[float]) -> IdleStats:
-        kinds = {f.name: isinstance(getattr(cls, f.name), int) for f in fields(cls)}
-        return cls(
-            **{k: (round(v) if kinds[k] else float(v)) for k, v in zip(kinds, values, strict=True)}
-        )
 
     def means(self, cuda: bool) -> dict[str, float | None]:
         """Per-step figures (ms) and the idle share of device wall time (%); None = n/a."""

@@ -1,0 +1,51 @@
+"""Counters summed over a window of steps, sent between ranks as one flat list of numbers.
+
+Subclass it as a dataclass of int and float fields (all defaulting to zero):
+
+Example::
+
+    @dataclass
+    class Waits(WindowSums):
+        steps: int = 0
+        wait_ms: float = 0.0
+
+    window = Waits(); window.steps += 1
+    done = window.take()                       # a copy; the window starts again at zero
+    total = Waits.from_list(gathered.sum(0).tolist())   # after an all-gather over ranks
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, fields
+from typing import TypeVar
+
+S = TypeVar("S", bound="WindowSums")
+
+
+@dataclass
+class WindowSums:
+    def add(self, other: WindowSums) -> None:
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+    def take(self: S) -> S:
+        """A copy of the sums; the sums start again from zero."""
+        out = type(self)(**{f.name: getattr(self, f.name) for f in fields(self)})
+        for f in fields(self):
+            setattr(self, f.name, type(getattr(self, f.name))(0))
+        return out
+
+    def as_list(self) -> list[float]:
+        return [float(getattr(self, f.name)) for f in fields(self)]
+
+    @classmethod
+    def from_list(cls: type[S], values: Iterable[float]) -> S:
+        """The inverse of ``as_list`` (int fields rounded back)."""
+        names = [f.name for f in fields(cls)]
+        return cls(
+            **{
+                name: (round(v) if isinstance(getattr(cls, name), int) else float(v))
+                for name, v in zip(names, values, strict=True)
+            }
+        )

@@ -132,6 +132,7 @@ def test_per_profiler_step_figures_and_the_gap_between_steps():
     events = [
         host(0, 50, "ProfilerStep#3", cat="user_annotation"),
         host(50, 50, "ProfilerStep#4", cat="user_annotation"),
+        kernel(5, 25, cat="gpu_user_annotation", name="ProfilerStep#3"),  # the GPU's mirror
         launch(1, 1), kernel(5, 10, corr=1),
         launch(2, 2), kernel(20, 10, corr=2),  # in-step idle 15..20, launched early
         launch(60, 3), kernel(62, 8, corr=3),  # step 4 starts 32 after step 3's last end

@@ -194,8 +194,8 @@ class _HostView:
                     self.launches[corr] = (start, e.get("tid"))
                 if name in SYNC_CALLS:
                     self.syncs.append((start, end))
-            elif cat in DEVICE_CATEGORIES:
-                continue
+            elif cat in DEVICE_CATEGORIES or cat.startswith("gpu_"):
+                continue  # device-side (gpu_user_annotation mirrors host annotations)
             elif name.startswith(_STEP_PREFIX):
                 self.steps.append((start, end, name))
             elif "DataLoader" in name:

@@ -3,6 +3,7 @@
 # make train ACCELERATOR=cpu DEVICES=2   2-process DDP on the CPU (gloo)
 # make train CONFIG=configs/cifar10.yaml ARGS="--trainer.max_epochs=1"
 # make test                      the CPU test suite (GPU tests too where CUDA is present)
+# make bench [QUICK=1]           the benchmark suite; results in runs/bench/bench.json
 
 PYTHON ?= python3
 VENV := .venv
@@ -19,8 +20,10 @@ ACCELERATOR ?=
 DEVICES ?=
 ARGS ?=
 PYTEST_ARGS ?=
+QUICK ?=
+BENCH_OUT ?= runs/bench
 
-.PHONY: install train test lint format clean
+.PHONY: install train test bench lint format clean
 
 install: $(STAMP)
 
@@ -51,6 +54,9 @@ train: install
 
 test: install
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+bench: install
+	$(PY) -m bench $(if $(QUICK),--quick) --out $(BENCH_OUT)
 
 lint: install
 	$(PY) -m ruff check .

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import platform
 import sys
 from pathlib import Path
@@ -13,7 +14,7 @@ import torch
 
 def machine(module: str, device: str, argv: list[str] | None, **extra) -> dict:
     """The device, versions and the command that reproduces the run."""
-    name = torch.cuda.get_device_name() if device == "cuda" else platform.processor()
+    name = torch.cuda.get_device_name() if device == "cuda" else _cpu_name()
     return {
         "device": name or platform.machine(),
         **extra,
@@ -28,3 +29,17 @@ def save(results: dict, out: Path | None, filename: str) -> None:
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         (out / filename).write_text(json.dumps(results, indent=2))
+
+
+def _cpu_name() -> str:
+    """The CPU model (Linux reports it in /proc/cpuinfo) and the cores this process may use."""
+    model = platform.processor()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return f"{model or platform.machine()}, {cores} cores"

@@ -188,23 +188,28 @@ def count_syncs(device: str, steps: int) -> dict:
     for name, (model_class, callbacks) in runs.items():
         detector = SyncPointDetector(first_steps=10**9)
         fit(device, steps, [*callbacks, detector], model_class=model_class)
-        rows = detector.report_table.rows()
-        summary = detector.summary()
-        watched, steady = summary["watched_steps"], summary["steady_watched_steps"]
-        real = [r for r in rows if not r["simulated"]]
-        results[name] = {
-            "syncs_per_step": summary["syncs_per_step"],
-            "steady_syncs_per_step": summary["steady_syncs_per_step"],
-            "real_syncs_per_step": sum(r["count"] for r in real) / max(1, watched),
-            "real_steady_syncs_per_step": sum(r["steady_count"] for r in real) / max(1, steady),
-            "sites": [
-                f"{r['op']} at {Path(r['filename']).name}:{r['lineno']}"
-                + (f" via {r['via']}" if r["via"] else "")
-                + f" x{r['count']} ({r['steady_count']} steady)"
-                for r in rows
-            ],
-        }
+        results[name] = sync_figures(detector)
     return results
+
+
+def sync_figures(detector: SyncPointDetector) -> dict:
+    """Syncs per watched and per steady step after a fit, all and real (not simulated)."""
+    rows = detector.report_table.rows()
+    summary = detector.summary()
+    watched, steady = summary["watched_steps"], summary["steady_watched_steps"]
+    real = [r for r in rows if not r["simulated"]]
+    return {
+        "syncs_per_step": summary["syncs_per_step"],
+        "steady_syncs_per_step": summary["steady_syncs_per_step"],
+        "real_syncs_per_step": sum(r["count"] for r in real) / max(1, watched),
+        "real_steady_syncs_per_step": sum(r["steady_count"] for r in real) / max(1, steady),
+        "sites": [
+            f"{r['op']} at {Path(r['filename']).name}:{r['lineno']}"
+            + (f" via {r['via']}" if r["via"] else "")
+            + f" x{r['count']} ({r['steady_count']} steady)"
+            for r in rows
+        ],
+    }
 
 
 def table(results: dict) -> str:

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# Everything that needs a GPU, in one run: the GPU tests, then the GPU benchmarks, with
-# their short tables printed last. Result files go to the directory given (default:
-# runs/gpu_suite).
+# Everything that needs a GPU, in one run: the GPU tests, then the benchmark suite
+# (python -m bench: end to end, prefetch overlap, idle-time accuracy, overhead, start-up),
+# with its short table printed last. Result files go to the directory given (default:
+# runs/gpu_suite): gpu_tests.xml/.txt, bench.json, bench.txt.
 #
 #   bash scripts/gpu_suite.sh [OUT_DIR]
 #
 # Uses .venv/bin/python when it exists, else python3 (a machine with torch, lightning,
-# torchmetrics, torchvision and jsonargparse already installed).
+# torchmetrics, torchvision and jsonargparse already installed; matplotlib is optional).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${1:-runs/gpu_suite}"
@@ -22,18 +23,10 @@ PY
 "$py" -m pytest -m gpu -p no:cacheprovider -q -o addopts="-ra --strict-markers" \
     --junitxml="$out/gpu_tests.xml" 2>&1 | tee "$out/gpu_tests.txt"
 tests_rc=${PIPESTATUS[0]}
-"$py" -m bench.prefetch --out "$out" > "$out/prefetch.txt" 2>&1
-prefetch_rc=$?
-"$py" -m bench.syncs --device cuda --out "$out" > "$out/syncs.txt" 2>&1
-syncs_rc=$?
-"$py" -m bench.idle --device cuda --out "$out" > "$out/idle.txt" 2>&1
-idle_rc=$?
+"$py" -m bench --out "$out" > "$out/bench.txt" 2>&1
+bench_rc=$?
 echo
 echo "== GPU tests: $(tail -n 1 "$out/gpu_tests.txt")"
-echo "== prefetch benchmark (python -m bench.prefetch):"
-grep -A 10 "^copy of one batch" "$out/prefetch.txt" || tail -n 20 "$out/prefetch.txt"
-echo "== sync detector benchmark (python -m bench.syncs --device cuda):"
-grep -A 10 "^detector cost" "$out/syncs.txt" || tail -n 20 "$out/syncs.txt"
-echo "== idle-time benchmark (python -m bench.idle --device cuda):"
-grep -A 12 "^injected idle" "$out/idle.txt" || tail -n 20 "$out/idle.txt"
-exit $(( tests_rc != 0 || prefetch_rc != 0 || syncs_rc != 0 || idle_rc != 0 ))
+echo "== benchmark suite (python -m bench), full log in $out/bench.txt:"
+sed -n '/^claim /,$p' "$out/bench.txt" | grep . || tail -n 30 "$out/bench.txt"
+exit $(( tests_rc != 0 || bench_rc != 0 ))

@@ -1,0 +1,191 @@
+"""The benchmark suite: every claim of the template measured side by side, in one run.
+
+    python -m bench [--quick] [--out DIR] [--device auto|cpu|cuda]      (or: make bench)
+
+1. end to end: the template's default training against a plain first setup
+   (``bench.end_to_end``): images/s, idle share, syncs per step;
+2. prefetch overlap on a transfer-heavy workload (``bench.prefetch``; GPU only);
+3. idle-time accuracy against injected host delays (``bench.idle``; GPU only);
+4. overhead: every template callback on vs off (``bench.idle``), and the sync detector's
+   watched-step and amortised cost (``bench.syncs``);
+5. start-up: ``make train`` to the first training step, one process and DDP
+   (``bench.startup``).
+
+On a machine without CUDA the GPU parts are marked "not run". ``--quick`` runs fewer
+steps and repeats (under two minutes on a 2-core CPU): a smoke test of the suite, not
+figures to quote. Full results go to ``DIR/bench.json``; the output ends with one table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from bench import end_to_end, idle, prefetch, startup, syncs
+from bench.results import machine, save
+
+# steps, repeats per part: (quick, full) x (cpu, cuda)
+PLAN = {
+    ("quick", "cpu"): {"e2e": (20, 1), "overhead": (30, 1), "detector": (30, 1), "startup": 1},
+    ("full", "cpu"): {"e2e": (60, 3), "overhead": (100, 5), "detector": (150, 3), "startup": 3},
+    ("quick", "cuda"): {"e2e": (40, 1), "overhead": (60, 1), "detector": (60, 1), "startup": 1},
+    ("full", "cuda"): {"e2e": (150, 3), "overhead": (150, 3), "detector": (150, 3), "startup": 2},
+}
+NOT_RUN = "not run (no GPU)"
+
+
+def run(device: str, quick: bool, log) -> dict:
+    plan = PLAN["quick" if quick else "full", device]
+    cuda = device == "cuda"
+    results: dict = {}
+    parts = [
+        ("end_to_end", lambda: end_to_end.run(device, *plan["e2e"], sync_steps=plan["e2e"][0])),
+        (
+            "prefetch",
+            (lambda: prefetch.run(20 if quick else 40, 1 if quick else 3)) if cuda else None,
+        ),
+        (
+            "idle_accuracy",
+            (lambda: idle.injected_delays(torch.device("cuda"), steps=15 if quick else 30))
+            if cuda
+            else None,
+        ),
+        ("overhead", lambda: idle.overhead(device, *plan["overhead"])),
+        ("detector_cost", lambda: syncs.measure_cost(device, *plan["detector"])),
+        ("startup", lambda: startup.run(plan["startup"])),
+    ]
+    for name, part in parts:
+        if part is None:
+            results[name] = NOT_RUN
+            continue
+        t0 = time.perf_counter()
+        log(f"bench: {name} ...")
+        results[name] = part()
+        log(f"bench: {name} done in {time.perf_counter() - t0:.0f} s")
+    results["plan"] = {k: list(v) if isinstance(v, tuple) else v for k, v in plan.items()}
+    return results
+
+
+def summary(results: dict, device: str) -> list[str]:
+    """The short table: one row per claim, what was measured, the goal."""
+    rows: list[tuple[str, str, str]] = []
+    for name, e in results["end_to_end"].items():
+        rate = e["images_per_s"]
+        rows.append(
+            (
+                f"1 end to end ({name}): images/s",
+                f"{rate['template']:.0f} vs plain {rate['plain']:.0f}: {e['speed_ratio']:.2f}x",
+                "",
+            )
+        )
+        clock = "" if device == "cuda" else " (host clock)"
+        rows.append(
+            (
+                "  idle % (template / plain)",
+                f"{_num(e['idle_pct']['template'], '.1f')} / {_num(e['idle_pct']['plain'], '.1f')}"
+                + clock,
+                "template < 5 (GPU)",
+            )
+        )
+        s = e["syncs"]
+        rows.append(
+            (
+                "  real syncs per steady step",
+                f"{s['template']['real_steady_syncs_per_step']:.2f} / plain "
+                f"{s['plain']['real_steady_syncs_per_step']:.2f}",
+                "template 0",
+            )
+        )
+    p = results["prefetch"]
+    if isinstance(p, dict):
+        w = p["workloads"]["transfer-heavy"]
+        rows.append(
+            ("2 prefetch step / max(copy, compute)", f"{w['prefetch_vs_bound']:.3f}", "<= 1.10")
+        )
+    else:
+        rows.append(("2 prefetch step / max(copy, compute)", p, "<= 1.10"))
+    a = results["idle_accuracy"]
+    if isinstance(a, list):
+        ev = max(abs(r["event_error_ms"]) for r in a)
+        tr = max(abs(r["trace_error_ms"]) for r in a if r["trace_error_ms"] is not None)
+        tol = min(r["tolerance_ms"] for r in a)
+        rows.append(
+            ("3 idle error, worst (events / trace)", f"{ev:.3f} / {tr:.3f} ms", f"<= {tol:.2f} ms")
+        )
+    else:
+        rows.append(("3 idle error, worst (events / trace)", a, "<= max(0.1 ms, 5%)"))
+    o = results["overhead"]
+    lo, hi = min(o["paired_costs"]), max(o["paired_costs"])
+    rows.append(
+        (
+            "4 every callback on vs off",
+            f"{100 * o['cost']:+.1f}% [{100 * lo:+.1f}, {100 * hi:+.1f}]; "
+            f"{100 * o['cost_from_step_medians']:+.1f}% by step medians",
+            "<= 1% (GPU)",
+        )
+    )
+    d = results["detector_cost"]
+    rows.append(
+        (
+            "  sync detector: watched step / amortised",
+            f"{100 * d['watched_step_cost_from_medians']:+.0f}% / "
+            f"{100 * d['amortised_cost_from_medians']:.2f}%",
+            "amortised <= 1%",
+        )
+    )
+    st = results["startup"]
+    rows.append(
+        (
+            "5 make train to first step: 1 / DDP 2",
+            f"{st['single']['to_first_step_s']:.1f} s / {st['ddp']['to_first_step_s']:.1f} s",
+            st["ddp"]["processes"],
+        )
+    )
+    width = max(len(r[0]) for r in rows) + 2
+    mid = max(len(r[1]) for r in rows) + 2
+    lines = [f"{'claim':<{width}}{'measured':<{mid}}goal"]
+    lines += [f"{a:<{width}}{b:<{mid}}{c}" for a, b, c in rows]
+    return lines
+
+
+def _num(x: float | None, spec: str) -> str:
+    return "n/a" if x is None else format(x, spec)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer steps: a smoke test")
+    parser.add_argument("--out", type=Path, default=Path("runs/bench"), help="results folder")
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    args = parser.parse_args(argv)
+    device = args.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        print("bench: --device cuda, but no CUDA device is visible; use --device cpu")
+        return 2
+
+    def log(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    t0 = time.perf_counter()
+    results = {"machine": machine("bench", device, argv, quick=args.quick)}
+    results.update(run(device, args.quick, log))
+    results["seconds"] = time.perf_counter() - t0
+    save(results, args.out, "bench.json")
+    m = results["machine"]
+    print(
+        f"\n{m['device']} ({device}); torch {m['torch']}, lightning {m['lightning']}, "
+        f"python {m['python']}; {'quick' if args.quick else 'full'} run, "
+        f"{results['seconds']:.0f} s; results: {args.out / 'bench.json'}"
+    )
+    print("\n".join(summary(results, device)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,250 @@
+"""End to end: the template's default training against the plain setup a user writes first.
+
+    python -m bench.end_to_end [--out DIR] [--steps N] [--repeats R] [--device auto|cpu|cuda]
+
+The same ResNet-18 (as ``bench.syncs``: width 64, batch 256, bf16-mixed on a GPU; width
+16, batch 32, float32 on a CPU), the same data, the same precision, two ways:
+
+- ``plain``: augmentation per image in the DataLoader workers (torchvision transforms:
+  random crop, flip, normalise), float32 host tensors, no pinned memory, Lightning's
+  default transfer, the loss read with ``.item()`` every step for a running average, and
+  ``self.log(..., prog_bar=True)`` with a progress bar refreshed every step;
+- ``template``: uint8 host tensors, pinned, augmentation on the device after the copy,
+  ``StreamPrefetcher``, ``SigtermCheckInterval``, ``LoggingStepProgressBar``, metrics
+  read only at logging steps (the default config's step).
+
+Per arm, interleaved ``--repeats`` times: images per second between the end of step
+``WARMUP`` and the end of the last step (synchronised at both ends), and the idle share
+of the device's time from ``IdleTimeMonitor`` (CUDA events on a GPU, host clocks on a
+CPU). Then one fit per arm with every step watched by ``SyncPointDetector``: syncs per
+step and per steady step (neither a logging step nor the one after), all and real
+(leaving out what only the CPU simulation calls a sync). Run on the embedded synthetic
+shapes, and on CIFAR-10 too when ``data/cifar-10-batches-py`` exists.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.callbacks import TQDMProgressBar
+from torch.utils.data import DataLoader, Dataset
+
+from bench.results import machine, save
+from bench.syncs import _setup, sync_figures
+from template.callbacks import (
+    IdleTimeMonitor,
+    LoggingStepProgressBar,
+    SigtermCheckInterval,
+    StreamPrefetcher,
+    SyncPointDetector,
+)
+from template.data import ImageDataModule
+from template.data.augment import CIFAR10_MEAN, CIFAR10_STD
+from template.data.datamodule import default_num_workers
+from template.models import ImageClassifier
+
+WARMUP = 5
+CIFAR_DIR = Path("data")
+
+
+class HostAugmented(Dataset):
+    """Per-image crop, flip and normalisation to float32 on the host, as most code does."""
+
+    def __init__(self, images: Dataset) -> None:
+        from torchvision.transforms import v2
+
+        self.images = images
+        self.transform = v2.Compose(
+            [
+                v2.RandomCrop(32, padding=4),
+                v2.RandomHorizontalFlip(),
+                v2.ToDtype(torch.float32, scale=True),
+                v2.Normalize(CIFAR10_MEAN, CIFAR10_STD),
+            ]
+        )
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, i: int):
+        image, label = self.images[i]
+        return self.transform(image), label
+
+
+class PlainData(ImageDataModule):
+    """Host-side float32 batches, pageable memory, Lightning's own transfer."""
+
+    def train_dataloader(self) -> DataLoader:
+        workers = self.num_workers if self.num_workers is not None else default_num_workers()
+        return DataLoader(
+            HostAugmented(self.train_set),
+            batch_size=self.batch_size,
+            shuffle=True,
+            drop_last=True,
+            num_workers=workers,
+            persistent_workers=workers > 0,
+        )
+
+    def on_after_batch_transfer(self, batch, dataloader_idx: int):
+        return batch  # already augmented and normalised on the host
+
+
+class PlainClassifier(ImageClassifier):
+    """The step most first versions have: a per-step .item() and prog-bar logging."""
+
+    running_loss = 0.0
+
+    def training_step(self, batch, batch_idx: int) -> torch.Tensor:
+        images, labels = batch
+        loss = torch.nn.functional.cross_entropy(self(images), labels)
+        self.running_loss = 0.98 * self.running_loss + 0.02 * loss.item()
+        self.log("train/loss", loss, prog_bar=True)
+        return loss
+
+
+class Throughput(pl.Callback):
+    """Host time at the end of step ``WARMUP`` and of the last step, synchronised there."""
+
+    def __init__(self, steps: int) -> None:
+        self.steps = steps
+        self.times: list[float] = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.global_step in (WARMUP, self.steps):  # global_step: finished steps
+            if pl_module.device.type == "cuda":
+                torch.cuda.synchronize()
+            self.times.append(time.perf_counter())
+
+
+def fit(arm: str, device: str, dataset: str, steps: int, callbacks: list) -> None:
+    setup = _setup(device)
+    torch.manual_seed(0)
+    plain = arm == "plain"
+    model = (PlainClassifier if plain else ImageClassifier)(width=setup["width"])
+    data = (PlainData if plain else ImageDataModule)(
+        dataset=dataset,
+        data_dir=CIFAR_DIR,
+        download=False,
+        batch_size=setup["batch_size"],
+        synthetic_train_size=setup["batch_size"] * (steps + 1),
+        synthetic_val_size=setup["batch_size"],
+        pin_memory=not plain if device == "cuda" else False,
+    )
+    if plain:
+        arm_callbacks = [TQDMProgressBar(refresh_rate=1)]
+    else:
+        arm_callbacks = [LoggingStepProgressBar(), StreamPrefetcher(), SigtermCheckInterval()]
+    trainer = pl.Trainer(
+        accelerator=device,
+        devices=1,
+        precision=setup["precision"],
+        max_steps=steps,
+        limit_val_batches=0,
+        log_every_n_steps=20,
+        logger=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        callbacks=[*arm_callbacks, *callbacks],
+    )
+    trainer.fit(model, data)
+
+
+def compare(device: str, dataset: str, steps: int, repeats: int, sync_steps: int) -> dict:
+    batch = _setup(device)["batch_size"]
+    rate: dict[str, list[float]] = {"plain": [], "template": []}
+    idle: dict[str, list[float | None]] = {"plain": [], "template": []}
+    fit("template", device, dataset, 8, [])  # the first fit in a process: imports, threads
+    for _ in range(repeats):  # interleaved, so drift hits both alike
+        for arm in rate:
+            clock = Throughput(steps)
+            monitor = IdleTimeMonitor(warmup_steps=WARMUP, picture=False, log_stats=False)
+            fit(arm, device, dataset, steps, [clock, monitor])
+            first, last = clock.times
+            rate[arm].append(batch * (steps - WARMUP) / (last - first))
+            idle[arm].append(monitor.report["mean"]["idle_pct"])
+    syncs = {}
+    for arm in rate:
+        detector = SyncPointDetector(first_steps=10**9)
+        fit(arm, device, dataset, sync_steps, [detector])
+        syncs[arm] = sync_figures(detector)
+    ratios = [t / p for t, p in zip(rate["template"], rate["plain"], strict=True)]
+    return {
+        "dataset": dataset,
+        "images_per_s": {a: statistics.median(v) for a, v in rate.items()},
+        "images_per_s_each": rate,
+        "speed_ratio": statistics.median(ratios),
+        "speed_ratio_each": ratios,
+        "idle_pct": {a: _median(v) for a, v in idle.items()},
+        "idle_pct_each": idle,
+        "idle_clock": "cuda events" if device == "cuda" else "host clock",
+        "syncs": syncs,
+    }
+
+
+def datasets() -> list[str]:
+    found = (CIFAR_DIR / "cifar-10-batches-py").is_dir()
+    return ["synthetic", "cifar10"] if found else ["synthetic"]
+
+
+def run(device: str, steps: int, repeats: int, sync_steps: int = 30) -> dict:
+    return {name: compare(device, name, steps, repeats, sync_steps) for name in datasets()}
+
+
+def table(results: dict) -> str:
+    lines = [
+        f"{'data':<10}{'arm':<10}{'images/s':>10}{'idle %':>8}{'syncs/step':>11}"
+        f"{'steady':>8}{'real steady':>12}"
+    ]
+    for name, r in results.items():
+        for arm in ("plain", "template"):
+            s = r["syncs"][arm]
+            lines.append(
+                f"{name:<10}{arm:<10}{r['images_per_s'][arm]:>10.0f}"
+                f"{_fmt(r['idle_pct'][arm]):>8}{s['syncs_per_step']:>11.2f}"
+                f"{s['steady_syncs_per_step']:>8.2f}{s['real_steady_syncs_per_step']:>12.2f}"
+            )
+        each = ", ".join(f"{x:.2f}" for x in r["speed_ratio_each"])
+        lines.append(
+            f"{name:<10}template / plain: {r['speed_ratio']:.2f}x images/s (each repeat {each}); "
+            f"idle by {r['idle_clock']}"
+        )
+    return "\n".join(lines)
+
+
+def _median(values: list[float | None]) -> float | None:
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def _fmt(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.1f}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=None, help="write end_to_end.json here")
+    parser.add_argument("--steps", type=int, default=None, help="default: 200 CUDA, 60 CPU")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    args = parser.parse_args(argv)
+    device = args.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    steps = args.steps or (200 if device == "cuda" else 60)
+    if steps <= WARMUP + 5:
+        parser.error(f"--steps must be more than {WARMUP + 5}")
+    results = {"end_to_end": run(device, steps, args.repeats)}
+    results["machine"] = machine("bench.end_to_end", device, argv, steps=steps)
+    save(results, args.out, "end_to_end.json")
+    print(table(results["end_to_end"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,132 @@
+"""Start-up: seconds from ``make train`` to the first training step, one process and DDP.
+
+    python -m bench.startup [--out DIR] [--repeats R]
+
+Runs ``make train`` with the debug overlay for a few steps, as a user would (the install
+already done), with ``FirstStep`` added as a callback: rank zero prints the wall-clock
+time at which its first training step starts. Measured twice per repeat: one process,
+and 2-process DDP (``GPUS=2`` where two GPUs are visible, else 2 CPU processes on gloo,
+which is what a machine without two GPUs can run). The time includes Python and torch
+imports, building the model and data, Lightning's set-up and, under DDP, launching and
+connecting the second process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import lightning.pytorch as pl
+import torch
+
+from bench.results import machine, save
+
+ROOT = Path(__file__).resolve().parents[1]
+MARK = "first training step at"
+
+
+class FirstStep(pl.Callback):
+    """Prints when rank zero starts its first training step (time.time(), seconds)."""
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if trainer.global_step == 0 and batch_idx == 0 and trainer.is_global_zero:
+            print(f"{MARK} {time.time():.6f}", flush=True)
+
+
+def command(ddp: bool, save_dir: str) -> tuple[list[str], str]:
+    """``make train`` with the debug overlay and ``FirstStep``; where the project's venv
+    is not installed (a bare GPU machine), the command ``make train`` runs after its
+    install step, with the interpreter at hand."""
+    extra = [
+        "--config", "configs/debug.yaml", "--trainer.max_steps=3",
+        f"--trainer.logger.init_args.save_dir={save_dir}",
+        "--trainer.callbacks+=bench.startup.FirstStep",
+    ]  # fmt: skip
+    # (make variables, the CLI flags they become, what runs)
+    if not ddp:
+        make_vars, flags = [], []
+        kind = "1 GPU" if torch.cuda.is_available() else "1 CPU process"
+    elif torch.cuda.device_count() >= 2:
+        make_vars, flags = ["GPUS=2"], ["--trainer.accelerator=gpu", "--trainer.devices=2"]
+        kind = "2 GPUs"
+    else:
+        make_vars = ["ACCELERATOR=cpu", "DEVICES=2"]
+        flags = ["--trainer.accelerator=cpu", "--trainer.devices=2"]
+        kind = "2 CPU processes (gloo)"
+    if (ROOT / ".venv" / ".installed").exists():
+        make = ["make", "--no-print-directory", "train", "CPU_CONFIG=", f"ARGS={' '.join(extra)}"]
+        return [*make, *make_vars], kind
+    python = [sys.executable, "-m", "template.train", "fit", "--config", "configs/default.yaml"]
+    return [*python, *extra, *flags], kind
+
+
+def launch(ddp: bool, save_dir: str) -> dict:
+    argv, kind = command(ddp, save_dir)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    t0 = time.time()
+    done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    total = time.time() - t0
+    found = re.search(rf"{MARK} ([0-9.]+)", done.stdout + done.stderr)
+    if done.returncode != 0 or found is None:
+        tail = (done.stdout + done.stderr)[-2000:]
+        raise RuntimeError(f"{argv[0]} {argv[1]} failed (rc {done.returncode}):\n{tail}")
+    return {
+        "processes": kind,
+        "command": " ".join(argv[:3]) if argv[0] == "make" else "python -m template.train",
+        "to_first_step_s": float(found.group(1)) - t0,
+        "total_s": total,
+    }
+
+
+def run(repeats: int) -> dict:
+    runs: dict[str, list[dict]] = {"single": [], "ddp": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        for _ in range(repeats):
+            for name in runs:
+                runs[name].append(launch(name == "ddp", tmp))
+    return {
+        name: {
+            "processes": r[0]["processes"],
+            "to_first_step_s": statistics.median(x["to_first_step_s"] for x in r),
+            "spread_s": [
+                min(x["to_first_step_s"] for x in r),
+                max(x["to_first_step_s"] for x in r),
+            ],
+            "each": r,
+        }
+        for name, r in runs.items()
+    }
+
+
+def table(results: dict) -> str:
+    lines = ["start-up, `make train` to the first training step (median [min, max]):"]
+    for name, r in results.items():
+        lo, hi = r["spread_s"]
+        lines.append(
+            f"  {name:<7} {r['to_first_step_s']:6.1f} s  [{lo:.1f}, {hi:.1f}]  {r['processes']}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=None, help="write startup.json here")
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args(argv)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    results = {"startup": run(args.repeats)}
+    results["machine"] = machine("bench.startup", device, argv)
+    save(results, args.out, "startup.json")
+    print(table(results["startup"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,53 @@
+"""The benchmark suite runs on a CPU, marks the GPU parts as not run, and ends with its table."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from bench.end_to_end import HostAugmented, PlainClassifier
+from template.data.synthetic import make_shapes
+from template.perf import detect_syncs
+from tests.conftest import ROOT
+
+
+def test_the_plain_arm_is_what_a_first_setup_does():
+    """float32 images augmented on the host, and a step that reads the loss back."""
+    from template.data.sources import InMemoryImages
+
+    image, label = HostAugmented(InMemoryImages(*make_shapes(4, seed=0)))[0]
+    assert image.dtype == torch.float32 and image.shape == (3, 32, 32)
+    model = PlainClassifier(width=4)
+    model.log = lambda *args, **kwargs: None  # no Trainer here
+    with detect_syncs(device_type="cpu") as rec:
+        model.training_step((image[None], torch.tensor([label])), 0)
+    assert any(e.op.startswith("Tensor.item") for e in rec.events)
+
+
+@pytest.mark.slow
+def test_quick_suite_runs_on_the_cpu_and_ends_with_its_table(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-m", "bench", "--quick", "--device", "cpu", "--out", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    table = done.stdout[done.stdout.index("claim ") :].splitlines()
+    assert table[0].split() == ["claim", "measured", "goal"]
+    rows = "\n".join(table)
+    assert "2 prefetch" in rows and "3 idle error" in rows and rows.count("not run (no GPU)") == 2
+    assert "5 make train to first step" in rows
+    results = json.loads((tmp_path / "bench.json").read_text())
+    assert results["prefetch"] == results["idle_accuracy"] == "not run (no GPU)"
+    e2e = results["end_to_end"]["synthetic"]
+    # The template's step reads nothing back between logging steps; the plain one does.
+    assert e2e["syncs"]["template"]["real_steady_syncs_per_step"] == 0
+    assert e2e["syncs"]["plain"]["real_steady_syncs_per_step"] >= 1
+    assert results["startup"]["single"]["to_first_step_s"] > 0
+    assert results["machine"]["command"].startswith("python -m bench")

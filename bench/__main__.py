@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from bench import end_to_end, idle, prefetch, startup, syncs
-from bench.results import machine, save
+from bench.results import add_device_option, chosen_device, machine, save
 
 # steps, repeats per part: (quick, full) x (cpu, cuda)
 PLAN = {
@@ -160,14 +160,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer steps: a smoke test")
     parser.add_argument("--out", type=Path, default=Path("runs/bench"), help="results folder")
-    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    add_device_option(parser)
     args = parser.parse_args(argv)
-    device = args.device
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda" and not torch.cuda.is_available():
-        print("bench: --device cuda, but no CUDA device is visible; use --device cpu")
-        return 2
+    device = chosen_device(parser, args.device)
 
     def log(line: str) -> None:
         print(line, file=sys.stderr, flush=True)

@@ -35,8 +35,8 @@ import torch
 from lightning.pytorch.callbacks import TQDMProgressBar
 from torch.utils.data import DataLoader, Dataset
 
-from bench.results import machine, save
-from bench.syncs import _setup, sync_figures
+from bench.results import add_device_option, chosen_device, machine, save
+from bench.syncs import _setup, sync_figures, trainer_for
 from template.callbacks import (
     IdleTimeMonitor,
     LoggingStepProgressBar,
@@ -140,19 +140,8 @@ def fit(arm: str, device: str, dataset: str, steps: int, callbacks: list) -> Non
         arm_callbacks = [TQDMProgressBar(refresh_rate=1)]
     else:
         arm_callbacks = [LoggingStepProgressBar(), StreamPrefetcher(), SigtermCheckInterval()]
-    trainer = pl.Trainer(
-        accelerator=device,
-        devices=1,
-        precision=setup["precision"],
-        max_steps=steps,
-        limit_val_batches=0,
-        log_every_n_steps=20,
-        logger=False,
-        enable_checkpointing=False,
-        enable_model_summary=False,
-        callbacks=[*arm_callbacks, *callbacks],
-    )
-    trainer.fit(model, data)
+    callbacks = [*arm_callbacks, *callbacks]
+    trainer_for(device, steps, callbacks, log_every_n_steps=20).fit(model, data)
 
 
 def compare(device: str, dataset: str, steps: int, repeats: int, sync_steps: int) -> dict:
@@ -231,11 +220,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None, help="write end_to_end.json here")
     parser.add_argument("--steps", type=int, default=None, help="default: 200 CUDA, 60 CPU")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    add_device_option(parser)
     args = parser.parse_args(argv)
-    device = args.device
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = chosen_device(parser, args.device)
     steps = args.steps or (200 if device == "cuda" else 60)
     if steps <= WARMUP + 5:
         parser.error(f"--steps must be more than {WARMUP + 5}")

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from bench.results import machine, save
+from bench.results import add_device_option, chosen_device, machine, save
 from bench.syncs import StepClock, fit
 from template.callbacks import (
     IdleTimeMonitor,
@@ -191,17 +191,12 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m bench.idle", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--out", type=Path, default=None, help="write idle.json here")
-    parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    add_device_option(parser)
     parser.add_argument("--steps", type=int, default=None, help="fit steps (overhead)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--delay-steps", type=int, default=30, help="steps per injected delay")
     args = parser.parse_args(argv)
-    device = args.device
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda" and not torch.cuda.is_available():
-        print("bench.idle: --device cuda but no CUDA device is visible", file=sys.stderr)
-        return 2
+    device = chosen_device(parser, args.device)
     steps = args.steps or (200 if device == "cuda" else 60)
     results = {"machine": machine("bench.idle", device, argv)}
     print(f"device: {results['machine']['device']} ({device})", flush=True)

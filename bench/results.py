@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -43,3 +44,16 @@ def _cpu_name() -> str:
         pass
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return f"{model or platform.machine()}, {cores} cores"
+
+
+def add_device_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+
+
+def chosen_device(parser: argparse.ArgumentParser, choice: str) -> str:
+    """``auto`` becomes cuda where CUDA is visible, else cpu; cuda without CUDA is an error."""
+    if choice == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if choice == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda, but no CUDA device is visible here; use --device cpu")
+    return choice

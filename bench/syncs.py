@@ -49,7 +49,7 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import TQDMProgressBar
 
-from bench.results import machine, save
+from bench.results import add_device_option, chosen_device, machine, save
 from template.callbacks import (
     LoggingStepProgressBar,
     SigtermCheckInterval,
@@ -110,20 +110,25 @@ def fit(device: str, steps: int, callbacks: list, model_class=ImageClassifier) -
         synthetic_val_size=setup["batch_size"],
         num_workers=None if device == "cuda" else 0,
     )
-    trainer = pl.Trainer(
+    trainer_for(device, steps, callbacks).fit(model, data)
+
+
+def trainer_for(device: str, steps: int, callbacks: list, log_every_n_steps: int = 10):
+    """A Trainer for timing: no validation, logger, checkpoints or summary; a bar only if
+    ``callbacks`` has one."""
+    return pl.Trainer(
         accelerator=device,
         devices=1,
-        precision=setup["precision"],
+        precision=_setup(device)["precision"],
         max_steps=steps,
         limit_val_batches=0,
-        log_every_n_steps=10,
+        log_every_n_steps=log_every_n_steps,
         logger=False,
         enable_checkpointing=False,
         enable_progress_bar=any(isinstance(c, TQDMProgressBar) for c in callbacks),
         enable_model_summary=False,
         callbacks=callbacks,
     )
-    trainer.fit(model, data)
 
 
 def measure_cost(device: str, steps: int, repeats: int) -> dict:
@@ -250,14 +255,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None, help="write syncs.json here")
     parser.add_argument("--steps", type=int, default=None, help="default: 300 CUDA, 150 CPU")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    add_device_option(parser)
     args = parser.parse_args(argv)
-    device = args.device
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda" and not torch.cuda.is_available():
-        print("sync benchmark: --device cuda asked for, but no CUDA device here (not run)")
-        return 1
+    device = chosen_device(parser, args.device)
     steps = args.steps or (300 if device == "cuda" else 150)
     if steps < 20:
         parser.error("--steps must be 20 or more")

@@ -78,7 +78,8 @@ def summary(results: dict, device: str) -> list[str]:
         rows.append(
             (
                 f"1 end to end ({name}): images/s",
-                f"{rate['template']:.0f} vs plain {rate['plain']:.0f}: {e['speed_ratio']:.2f}x",
+                f"{rate['template']:.0f} vs plain {rate['plain']:.0f}: {e['speed_ratio']:.2f}x "
+                f"[{min(e['speed_ratio_each']):.2f}, {max(e['speed_ratio_each']):.2f}]",
                 "",
             )
         )

@@ -11,3 +11,11 @@ Example::
 
 class UserError(Exception):
     """A mistake in the user's input (config, paths, devices) with a message that says the fix."""
+
+
+class TrainingStopped(Exception):
+    """Training stopped on purpose, for the reason in the message (a non-finite loss, say).
+
+    The entry point prints it as one line and exits with code 1; what was saved before it
+    is kept.
+    """

@@ -23,7 +23,7 @@ from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.cli import LightningCLI
 
 from template.data import ImageDataModule
-from template.errors import UserError
+from template.errors import TrainingStopped, UserError
 from template.log import get_logger, setup_logging
 from template.models import ImageClassifier
 
@@ -150,6 +150,9 @@ def main(args: list[str] | None = None) -> int:
         message = " ".join(str(e).split())
         print(f"error: {message} ({USAGE_HINT})", file=sys.stderr)
         return 2
+    except TrainingStopped as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     return 0
 
 

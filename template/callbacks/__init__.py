@@ -1,6 +1,7 @@
 """Lightning callbacks: thin adapters over the mechanisms in ``template.perf``."""
 
 from template.callbacks.idle_time_monitor import IdleTimeMonitor
+from template.callbacks.nonfinite_loss import StopOnNonFiniteLoss
 from template.callbacks.progress_bar import LoggingStepProgressBar
 from template.callbacks.run_summary import RunSummary
 from template.callbacks.sigterm_check import SigtermCheckInterval
@@ -12,6 +13,7 @@ __all__ = [
     "LoggingStepProgressBar",
     "RunSummary",
     "SigtermCheckInterval",
+    "StopOnNonFiniteLoss",
     "StreamPrefetcher",
     "SyncPointDetector",
 ]

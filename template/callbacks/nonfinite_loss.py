@@ -1,0 +1,104 @@
+"""StopOnNonFiniteLoss: stop at the first NaN or Inf loss, without a per-step sync.
+
+Each step adds one comparison to the device (``isfinite`` and a ``where`` on the step
+counter); nothing is read back. The flag is read, and reduced over ranks so every rank
+stops together, only where a read happens anyway: at logging steps, before validation,
+and at the end of each epoch, which is before ``ModelCheckpoint`` saves (Lightning runs
+checkpoint callbacks last). So a checkpoint is never written from non-finite weights:
+the last good one stays where it was, and the run ends with one line naming the step.
+
+Example::
+
+    trainer = Trainer(callbacks=[StopOnNonFiniteLoss()])
+    # error: the loss was NaN or Inf at step 1234 (rank 1); stopped before saving; the
+    #        last good checkpoint is runs/default/version_3/checkpoints/last.ckpt
+"""
+
+from __future__ import annotations
+
+import lightning.pytorch as pl
+import torch
+
+from template import lightning_compat as compat
+from template.errors import TrainingStopped
+
+
+class FirstNonFinite:
+    """Device-side record of the first update whose value was not finite. No host reads.
+
+    Example::
+
+        watch = FirstNonFinite()
+        for loss in losses:
+            watch.update(loss)
+        watch.first()      # one read: the index of the first NaN/Inf update, or None
+    """
+
+    def __init__(self) -> None:
+        self._seen: torch.Tensor | None = None  # updates so far, on the device
+        self._first: torch.Tensor | None = None  # first bad index, -1 while none
+
+    def update(self, value: torch.Tensor) -> None:
+        value = value.detach()
+        if self._seen is None or self._seen.device != value.device:
+            self._seen = torch.zeros((), dtype=torch.long, device=value.device)
+            self._first = torch.full((), -1, dtype=torch.long, device=value.device)
+        bad = ~torch.isfinite(value).all()
+        self._first = torch.where(bad & (self._first < 0), self._seen, self._first)
+        self._seen += 1
+
+    def first_tensor(self) -> torch.Tensor | None:
+        return self._first
+
+    def first(self) -> int | None:
+        if self._first is None:
+            return None
+        index = int(self._first.item())
+        return None if index < 0 else index
+
+
+class StopOnNonFiniteLoss(pl.Callback):
+    """Raise ``TrainingStopped`` at the first check after a NaN or Inf training loss."""
+
+    def __init__(self) -> None:
+        self.watch = FirstNonFinite()
+        self._start_step = 0
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self.watch = FirstNonFinite()
+        self._start_step = trainer.global_step
+
+    def on_before_backward(self, trainer, pl_module, loss: torch.Tensor) -> None:
+        self.watch.update(loss)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if compat.is_logging_step(trainer):
+            self._check(trainer)
+
+    def on_validation_start(self, trainer, pl_module) -> None:
+        if trainer.state.fn == "fit":
+            self._check(trainer)
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        self._check(trainer)
+
+    def _check(self, trainer: pl.Trainer) -> None:
+        first = self.watch.first_tensor()
+        if first is None:
+            return
+        rows = [int(first.item())]
+        if trainer.world_size > 1:  # every rank asks, so every rank stops at the same check
+            rows = trainer.strategy.all_gather(first).reshape(-1).tolist()
+        bad = [(index, rank) for rank, index in enumerate(rows) if index >= 0]
+        if not bad:
+            return
+        index, rank = min(bad)
+        step = self._start_step + index // trainer.accumulate_grad_batches  # index: backwards
+        ckpt = trainer.checkpoint_callback
+        last = getattr(ckpt, "last_model_path", "") or getattr(ckpt, "best_model_path", "")
+        where = f"the last good checkpoint is {last}" if last else "no checkpoint was saved"
+        on_rank = f" (rank {rank})" if trainer.world_size > 1 else ""
+        raise TrainingStopped(
+            f"the loss was NaN or Inf at step {step}{on_rank}; stopped "
+            f"before saving; {where}. Lower the learning rate or check the data at that step"
+        )

@@ -1,0 +1,58 @@
+"""A NaN or Inf loss stops the run at the next check, names the step, and keeps the last
+good checkpoint; the watch itself reads nothing back per step."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from template.callbacks.nonfinite_loss import FirstNonFinite
+from template.models import ImageClassifier
+from template.perf import assert_no_syncs
+from tests.conftest import DEBUG, DEFAULT
+
+
+def test_first_non_finite_update_is_recorded_on_the_device_without_syncs():
+    watch = FirstNonFinite()
+    values = [1.0, 2.0, math.nan, 3.0, math.inf]
+    for v in values:
+        assert_no_syncs(watch.update, torch.tensor(v), device_type="cpu")
+    assert watch.first() == 2
+    clean = FirstNonFinite()
+    clean.update(torch.tensor(1.0))
+    assert clean.first() is None and FirstNonFinite().first() is None
+
+
+def test_a_nan_loss_stops_the_run_naming_the_step_and_keeps_the_last_good_checkpoint(
+    tmp_path, monkeypatch, capsys
+):
+    from template.train import main
+
+    step_with_nan = 15  # epoch 1 (12 steps per epoch), a logging step with every 4
+    original = ImageClassifier.training_step
+
+    def training_step(self, batch, batch_idx):
+        loss = original(self, batch, batch_idx)
+        return loss * math.nan if self.trainer.global_step >= step_with_nan else loss
+
+    monkeypatch.setattr(ImageClassifier, "training_step", training_step)
+    monkeypatch.chdir(tmp_path)
+    code = main(
+        [
+            "fit", "--config", DEFAULT, "--config", DEBUG,
+            "--trainer.limit_train_batches=12", "--trainer.max_epochs=3",
+            "--trainer.log_every_n_steps=4",
+        ]
+    )  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 1
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and f"NaN or Inf at step {step_with_nan}" in lines[0], err[-2000:]
+    assert "Traceback" not in err
+    checkpoints = tmp_path / "runs" / "debug" / "version_0" / "checkpoints"
+    assert "runs/debug/version_0/checkpoints/last.ckpt" in lines[0]
+    saved = torch.load(checkpoints / "last.ckpt", map_location="cpu", weights_only=True)
+    assert saved["global_step"] == 12  # the end of epoch 0: nothing after the NaN
+    weights = [t for t in saved["state_dict"].values() if t.is_floating_point()]
+    assert all(torch.isfinite(t).all() for t in weights)

@@ -13,6 +13,8 @@ additions:
 
 from __future__ import annotations
 
+import os
+import shutil
 import sys
 import zipfile
 from pathlib import Path
@@ -85,6 +87,33 @@ def check_checkpoint(path: str) -> None:
         raise UserError(f"{file} is not a checkpoint written by torch.save / Lightning")
 
 
+MIN_FREE_BYTES = 256 * 2**20  # a few checkpoints of the example model, with room to spare
+
+
+def check_writable(run_root: Path) -> None:
+    """Refuse to start training when the run directory cannot be written or its disk is full.
+
+    Found before the first step, this is one line; found at the first checkpoint, it would
+    be a traceback after the work of an epoch.
+    """
+    fix = "pass --trainer.logger.init_args.save_dir=<a writable folder>"
+    try:
+        run_root.mkdir(parents=True, exist_ok=True)
+        probe = run_root / f".write-test-{os.getpid()}"
+        probe.write_bytes(b"ok")
+        probe.unlink()
+        free = shutil.disk_usage(run_root).free
+    except OSError as e:
+        raise UserError(
+            f"cannot write the run directory {run_root}: {e.strerror or e}; {fix}"
+        ) from e
+    if free < MIN_FREE_BYTES:
+        raise UserError(
+            f"cannot write the run directory {run_root}: only {free / 2**20:.0f} MiB free on its "
+            f"disk; free some space or {fix}"
+        )
+
+
 def find_last_checkpoint(run_root: Path) -> Path | None:
     """The newest ``last.ckpt`` of any version under ``run_root`` (``runs/<name>``)."""
     candidates = sorted(
@@ -115,6 +144,10 @@ class TemplateCLI(LightningCLI):
             trainer.precision = resolve_precision(accelerator)
 
     def before_fit(self) -> None:
+        logger = self.trainer.logger
+        check_writable(
+            Path(logger.root_dir if logger is not None else self.trainer.default_root_dir)
+        )
         # Lightning's own "last" looks only in this run's new version directory; resuming
         # means the newest last.ckpt of any earlier version of this run name.
         config = self.config_init[self.subcommand]

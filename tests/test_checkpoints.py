@@ -55,3 +55,30 @@ def test_an_unwritable_run_directory_is_one_line_before_training(tmp_path, monke
     lines = [line for line in err.splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and "cannot write the run directory" in lines[0], err[-1500:]
     assert "Traceback" not in err and "Epoch 0" not in err
+
+
+def test_last_ckpt_is_the_latest_state_even_when_val_acc_does_not_improve(tmp_path, monkeypatch):
+    """Lightning's save_last on a monitored ModelCheckpoint updates last.ckpt only in epochs
+    that improve the monitored value; resuming from it would lose the later epochs."""
+    from template.models import ImageClassifier
+    from template.train import main
+
+    def worse_every_epoch(self):
+        self.log("val/acc", 1.0 - 0.1 * self.current_epoch)
+        self.val_loss.reset()
+        self.val_acc.reset()
+
+    monkeypatch.setattr(ImageClassifier, "on_validation_epoch_end", worse_every_epoch)
+    monkeypatch.chdir(tmp_path)
+    code = main(
+        ["fit", "--config", DEFAULT, "--config", DEBUG, "--trainer.max_epochs=3",
+         "--trainer.limit_train_batches=4"]
+    )  # fmt: skip
+    assert code == 0
+    checkpoints = tmp_path / "runs" / "debug" / "version_0" / "checkpoints"
+    last = torch.load(checkpoints / "last.ckpt", map_location="cpu", weights_only=True)
+    assert (last["epoch"], last["global_step"]) == (2, 12)
+    assert sorted(p.name for p in checkpoints.iterdir()) == [
+        "best-epoch00-acc1.0000.ckpt",
+        "last.ckpt",
+    ]

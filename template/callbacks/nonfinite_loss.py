@@ -16,6 +16,8 @@ Example::
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import lightning.pytorch as pl
 import torch
 
@@ -94,11 +96,21 @@ class StopOnNonFiniteLoss(pl.Callback):
             return
         index, rank = min(bad)
         step = self._start_step + index // trainer.accumulate_grad_batches  # index: backwards
-        ckpt = trainer.checkpoint_callback
-        last = getattr(ckpt, "last_model_path", "") or getattr(ckpt, "best_model_path", "")
+        last = _newest_checkpoint(trainer)
         where = f"the last good checkpoint is {last}" if last else "no checkpoint was saved"
         on_rank = f" (rank {rank})" if trainer.world_size > 1 else ""
         raise TrainingStopped(
             f"the loss was NaN or Inf at step {step}{on_rank}; stopped "
             f"before saving; {where}. Lower the learning rate or check the data at that step"
         )
+
+
+def _newest_checkpoint(trainer: pl.Trainer) -> str | None:
+    """The most recently written checkpoint of any ModelCheckpoint callback."""
+    paths = {
+        path
+        for cb in trainer.checkpoint_callbacks
+        for path in (getattr(cb, "last_model_path", ""), getattr(cb, "best_model_path", ""))
+        if path and Path(path).is_file()
+    }
+    return max(paths, key=lambda p: Path(p).stat().st_mtime, default=None)

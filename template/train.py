@@ -14,6 +14,8 @@ additions:
 from __future__ import annotations
 
 import os
+import pickle
+import re
 import shutil
 import sys
 import zipfile
@@ -85,6 +87,21 @@ def check_checkpoint(path: str) -> None:
         is_torch = False
     if not is_torch:
         raise UserError(f"{file} is not a checkpoint written by torch.save / Lightning")
+    # Loaded as data only (weights_only): unpickling arbitrary objects could run code. mmap
+    # keeps this cheap: tensor bytes are not read.
+    try:
+        torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+    except pickle.UnpicklingError as e:
+        named = re.search(r"GLOBAL ([\w.]+)", str(e))
+        found = f" ({named.group(1)})" if named else ""
+        raise UserError(
+            f"{file} holds objects other than tensors and plain data{found}; it is not "
+            "loaded, because unpickling them could run code. Resave it with plain data"
+        ) from e
+    except (RuntimeError, EOFError, OSError) as e:
+        raise UserError(
+            f"{file} is not a readable checkpoint ({' '.join(str(e).split())[:160]})"
+        ) from e
 
 
 MIN_FREE_BYTES = 256 * 2**20  # a few checkpoints of the example model, with room to spare

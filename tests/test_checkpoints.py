@@ -82,3 +82,36 @@ def test_last_ckpt_is_the_latest_state_even_when_val_acc_does_not_improve(tmp_pa
         "best-epoch00-acc1.0000.ckpt",
         "last.ckpt",
     ]
+
+
+class _RunsCode:
+    """Unpickling this runs a command: what a malicious checkpoint would carry."""
+
+    def __init__(self, marker) -> None:
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        import os
+
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_a_checkpoint_that_would_run_code_is_refused_in_one_line(tmp_path, monkeypatch, capsys):
+    from template.train import main
+
+    monkeypatch.chdir(tmp_path)
+    marker = tmp_path / "code-ran"
+    torch.save({"state_dict": {"w": torch.zeros(2)}, "extra": _RunsCode(marker)}, "evil.ckpt")
+    torch.save([1, 2, 3], "truncated.ckpt")
+    data = (tmp_path / "truncated.ckpt").read_bytes()
+    (tmp_path / "truncated.ckpt").write_bytes(data[: len(data) // 2])
+    for name, expected in (
+        ("evil.ckpt", "holds objects other than tensors and plain data (posix.system)"),
+        ("truncated.ckpt", "is not a checkpoint"),
+    ):
+        assert main(["fit", "--config", DEFAULT, "--config", DEBUG, f"--ckpt_path={name}"]) == 2
+        err = capsys.readouterr().err
+        lines = [line for line in err.splitlines() if line.startswith("error:")]
+        assert len(lines) == 1 and expected in lines[0], err[-1500:]
+        assert "Traceback" not in err
+    assert not marker.exists(), "the checkpoint's pickled code ran"

@@ -109,7 +109,6 @@ class IdleTimeMonitor(pl.Callback):
         self.traces: list[dict] = []
         self._run_dir: Path | None = None
         self._trigger_mtime: float | None = None
-        self._step = 0  # training steps ended in this fit
         self._trace_first = 0
         self._trace_seconds = 0.0
         self._profiled: list[list[int]] = []  # [first, last] steps under the profiler
@@ -159,7 +158,6 @@ class IdleTimeMonitor(pl.Callback):
             return
         self.timer.end_step()
         self._take(self.timer.poll())
-        self._step += 1
         logging_now = compat.is_logging_step(trainer)
         self._advance_trace(trainer, logging_now)
         if logging_now and self.log_stats:
@@ -222,7 +220,8 @@ class IdleTimeMonitor(pl.Callback):
                 self._trigger_mtime = mtime
                 self._trace_requested = True
         every = self.trace_every_n_steps
-        if self._trace_requested or (every and self._step % every == 0):
+        ended = self.timer.next_step  # steps ended in this fit: start_step, end_step paired
+        if self._trace_requested or (every and ended % every == 0):
             self._trace_requested = False
             self._start_trace(trainer)
 
@@ -232,7 +231,7 @@ class IdleTimeMonitor(pl.Callback):
         activities = [ProfilerActivity.CPU]
         if self.timer is not None and self.timer.is_cuda:
             activities.append(ProfilerActivity.CUDA)
-        self._trace_first = self._step + 1  # the window's first step after its warm-up
+        self._trace_first = self.timer.next_step + 1  # the window's first step after warm-up
         self._trace_done = False
         rank = trainer.global_rank
         t0 = time.perf_counter()

@@ -95,8 +95,6 @@ class _HostEvent:
 
 
 class _HostEventPool:
-    capacity = None
-
     def acquire(self) -> _HostEvent:
         return _HostEvent()
 

@@ -31,7 +31,6 @@ class SyncMarks:
     def __init__(self, keep: int = 4096) -> None:
         self._times: deque[float] = deque(maxlen=keep)
         self._stack: contextlib.ExitStack | None = None
-        self.count = 0
 
     @property
     def active(self) -> bool:
@@ -46,7 +45,6 @@ class SyncMarks:
 
     def _mark(self) -> None:
         self._times.append(time.perf_counter())
-        self.count += 1
 
     def since(self, t: float) -> list[float]:
         """The marks at or after ``t``, oldest first (read from the newest end)."""

@@ -10,7 +10,7 @@ The same ResNet-18 (as ``bench.syncs``: width 64, batch 256, bf16-mixed on a GPU
   default transfer, the loss read with ``.item()`` every step for a running average, and
   ``self.log(..., prog_bar=True)`` with a progress bar refreshed every step;
 - ``template``: uint8 host tensors, pinned, augmentation on the device after the copy,
-  ``StreamPrefetcher``, ``SigtermCheckInterval``, ``LoggingStepProgressBar``, metrics
+  ``StreamPrefetcher``, ``StopOnSignal``, ``LoggingStepProgressBar``, metrics
   read only at logging steps (the default config's step).
 
 Per arm, interleaved ``--repeats`` times: images per second between the end of step
@@ -40,7 +40,7 @@ from bench.syncs import _setup, sync_figures, trainer_for
 from template.callbacks import (
     IdleTimeMonitor,
     LoggingStepProgressBar,
-    SigtermCheckInterval,
+    StopOnSignal,
     StreamPrefetcher,
     SyncPointDetector,
 )
@@ -139,7 +139,7 @@ def fit(arm: str, device: str, dataset: str, steps: int, callbacks: list) -> Non
     if plain:
         arm_callbacks = [TQDMProgressBar(refresh_rate=1)]
     else:
-        arm_callbacks = [LoggingStepProgressBar(), StreamPrefetcher(), SigtermCheckInterval()]
+        arm_callbacks = [LoggingStepProgressBar(), StreamPrefetcher(), StopOnSignal()]
     callbacks = [*arm_callbacks, *callbacks]
     trainer_for(device, steps, callbacks, log_every_n_steps=20).fit(model, data)
 

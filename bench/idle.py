@@ -17,7 +17,7 @@ device activity: not the GPU validation, and said so.
 
 Overhead. The template's training (ResNet-18 on synthetic images, as ``bench.syncs``)
 with none of the template's callbacks (``off``) and with all of them (``on``:
-StreamPrefetcher, SigtermCheckInterval, SyncPointDetector, IdleTimeMonitor, RunSummary),
+StreamPrefetcher, StopOnSignal, SyncPointDetector, IdleTimeMonitor, RunSummary),
 interleaved ``--repeats`` times; step time from the end of step 1 to the end of the last
 step (synchronised there). The cost is ``on / off - 1`` per repeat, median over repeats,
 with the spread; per-step medians give a second, noise-robust estimate.
@@ -39,7 +39,7 @@ from bench.syncs import StepClock, fit
 from template.callbacks import (
     IdleTimeMonitor,
     RunSummary,
-    SigtermCheckInterval,
+    StopOnSignal,
     StreamPrefetcher,
     SyncPointDetector,
 )
@@ -158,7 +158,7 @@ def overhead(device: str, steps: int, repeats: int) -> dict:
     def everything() -> list:
         return [
             StreamPrefetcher(),
-            SigtermCheckInterval(),
+            StopOnSignal(),
             SyncPointDetector(),
             IdleTimeMonitor(),
             RunSummary(),

@@ -29,7 +29,7 @@ Syncs per step, every step watched, ``log_every_n_steps=10``:
 - ``before``: training metrics logged with ``prog_bar=True`` and Lightning's
   ``TQDMProgressBar`` (what the template did before the sync fixes);
 - ``after``:  the default config's callbacks (``LoggingStepProgressBar``,
-  ``StreamPrefetcher``, ``SigtermCheckInterval``).
+  ``StreamPrefetcher``, ``StopOnSignal``).
 
 Counted per watched step and per steady step (not a logging step or the one after it).
 On a CPU the detector simulates (every CPU tensor counts as device memory); the
@@ -52,7 +52,7 @@ from lightning.pytorch.callbacks import TQDMProgressBar
 from bench.results import add_device_option, chosen_device, machine, save
 from template.callbacks import (
     LoggingStepProgressBar,
-    SigtermCheckInterval,
+    StopOnSignal,
     StreamPrefetcher,
     SyncPointDetector,
 )
@@ -187,7 +187,7 @@ def count_syncs(device: str, steps: int) -> dict:
         "before": (ProgBarClassifier, [TQDMProgressBar(refresh_rate=1)]),
         "after": (
             ImageClassifier,
-            [LoggingStepProgressBar(refresh_rate=10), StreamPrefetcher(), SigtermCheckInterval()],
+            [LoggingStepProgressBar(refresh_rate=10), StreamPrefetcher(), StopOnSignal()],
         ),
     }
     for name, (model_class, callbacks) in runs.items():

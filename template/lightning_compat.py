@@ -31,6 +31,24 @@ def logger_step(trainer: pl.Trainer) -> int:
     return int(trainer.fit_loop.epoch_loop._batches_that_stepped)
 
 
+def epoch_position(trainer: pl.Trainer) -> tuple[int, int]:
+    """``(epoch, batches of it trained)`` for the next training batch, read while a
+    checkpoint is written.
+
+    From a mid-epoch save (``on_train_batch_end``, a mid-epoch validation) that is the
+    current epoch and the batches run so far, the one just trained included; from an
+    epoch-end save it is ``(next epoch, 0)``.
+    """
+    # Public attributes, but what ``processed`` means at save time (the batch that just ran
+    # is counted; ``completed`` is not yet) is Lightning's loop bookkeeping (2.0 to 2.6),
+    # pinned by tests/test_resume.py.
+    trained = int(trainer.fit_loop.epoch_loop.batch_progress.current.processed)
+    epoch = int(trainer.current_epoch)
+    if trained >= trainer.num_training_batches:
+        return epoch + 1, 0
+    return epoch, trained
+
+
 def fetcher_counts(loop: Any) -> tuple[int | None, int, int]:
     """``(length, fetched, lookahead)`` of the loop's data fetcher in the current pass.
 
@@ -175,3 +193,16 @@ def throttle_sigterm_broadcast(trainer: pl.Trainer, due: Callable[[], bool]) -> 
         loop.__dict__.pop("_broadcast_sigterm_tensor", None)
 
     return undo
+
+
+def child_exit_codes(trainer: pl.Trainer) -> dict[int, int | None]:
+    """``{global rank: return code or None while running}`` of the ranks this process
+    started (Lightning's launcher starts a node's other ranks from its local rank zero);
+    empty where processes were started by something else (torchrun, SLURM)."""
+    # Undocumented: _SubprocessScriptLauncher.procs (Lightning 2.0 to 2.6), the Popen of
+    # local ranks 1..n-1 in order.
+    procs = getattr(trainer.strategy.launcher, "procs", None) or []
+    if trainer.local_rank != 0:
+        return {}
+    first = trainer.node_rank * trainer.num_devices
+    return {first + i + 1: proc.poll() for i, proc in enumerate(procs)}

@@ -17,7 +17,9 @@ import os
 import pickle
 import re
 import shutil
+import signal
 import sys
+import warnings
 import zipfile
 from pathlib import Path
 
@@ -25,10 +27,11 @@ import torch
 from jsonargparse import ArgumentError
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from template.data import ImageDataModule
 from template.errors import TrainingStopped, UserError
-from template.log import get_logger, setup_logging
+from template.log import current_rank, get_logger, setup_logging
 from template.models import ImageClassifier
 
 log = get_logger(__name__)
@@ -183,6 +186,8 @@ class TemplateCLI(LightningCLI):
 
 def main(args: list[str] | None = None) -> int:
     setup_logging()
+    # Said once per rank by Lightning's all_gather (torch 2.10+); nothing a user can change.
+    warnings.filterwarnings("ignore", message=r"torch\.distributed\.nn\.functional\.all_gather")
     torch.set_float32_matmul_precision("high")  # TF32 matmuls on Ampere and newer GPUs
     try:
         TemplateCLI(
@@ -201,8 +206,17 @@ def main(args: list[str] | None = None) -> int:
         print(f"error: {message} ({USAGE_HINT})", file=sys.stderr)
         return 2
     except TrainingStopped as e:
+        # Every rank stops at the same check; rank zero says why and its code is the run's.
+        # The others leave quietly with 0: Lightning's launcher ends the whole group, rank
+        # zero included, when one of its ranks exits non-zero.
+        if current_rank() != 0:
+            return 0
         print(f"error: {e}", file=sys.stderr)
-        return 1
+        return e.exit_code
+    except SIGTERMException:
+        # Lightning's own handler, still in place before training starts.
+        print("error: stopped by SIGTERM before training began; nothing to save", file=sys.stderr)
+        return 128 + signal.SIGTERM
     return 0
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import lightning.pytorch as pl
 import torch
 
-from template.callbacks import SigtermCheckInterval
+from template.callbacks import StopOnSignal
 from template.log import get_logger
 
 log = get_logger(__name__)
@@ -33,8 +33,8 @@ class RecordShards(pl.Callback):
         out.mkdir(exist_ok=True)
         lines = [trainer.log_dir, *self.digests]
         (out / f"rank{trainer.global_rank}.txt").write_text("\n".join(lines))
-        checks = [c.checks for c in trainer.callbacks if isinstance(c, SigtermCheckInterval)]
+        checks = [c.checks for c in trainer.callbacks if isinstance(c, StopOnSignal)]
         log.info(
-            "trained on %d images; SIGTERM checks %s", len(self.digests), checks,
+            "trained on %d images; stop checks %s", len(self.digests), checks,
             rank_zero_only=False,
         )  # fmt: skip

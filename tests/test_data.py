@@ -150,3 +150,46 @@ def test_worker_count_follows_cores(monkeypatch):
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1})
     assert default_num_workers(1) == 1
     assert default_num_workers(2) == 0
+
+
+def test_resumable_sampler_order_is_fixed_by_seed_and_epoch_and_resumes_mid_epoch():
+    from template.data.sampler import ResumableSampler
+
+    data = list(range(40))
+    sampler = ResumableSampler(data, seed=3)
+    first = list(sampler)
+    assert sorted(first) == data and first == list(ResumableSampler(data, seed=3))
+    sampler.set_epoch(1)
+    second = list(sampler)
+    assert second != first and sorted(second) == data
+
+    resumed = ResumableSampler(data, seed=3)
+    resumed.set_epoch(1)
+    resumed.resume_at(epoch=1, batches=3, batch_size=4)
+    assert list(resumed) == second[12:]
+    assert list(resumed) == second[12:]  # started again within the epoch: still resumed
+    assert len(resumed) == 40  # the loop counts the skipped batches as done
+    resumed.set_epoch(2)
+    assert len(list(resumed)) == 40  # the next epoch is whole
+
+    shards = [list(ResumableSampler(data, num_replicas=2, rank=r, seed=3)) for r in (0, 1)]
+    assert not set(shards[0]) & set(shards[1]) and len(shards[0]) == 20
+
+
+def test_rng_state_round_trips_every_generator():
+    import random
+
+    import numpy as np
+
+    from template.faults.rng_state import capture_rng_state, restore_rng_state
+
+    random.gauss(0, 1)  # leaves a cached value in Python's generator
+    saved = capture_rng_state()
+    drawn = (torch.rand(4), np.random.rand(3), random.random(), random.gauss(0, 1))
+    restore_rng_state(saved)
+    again = (torch.rand(4), np.random.rand(3), random.random(), random.gauss(0, 1))
+    assert torch.equal(drawn[0], again[0]) and np.array_equal(drawn[1], again[1])
+    assert drawn[2:] == again[2:]
+    assert saved.dtype == torch.int64 and saved.dim() == 1
+    with pytest.raises(ValueError, match="capture_rng_state"):
+        restore_rng_state(saved[:100])

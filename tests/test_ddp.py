@@ -42,9 +42,9 @@ def test_two_rank_cpu_ddp_trains_disjoint_shards_and_logs_once(tmp_path):
     assert output.count("run directory") == 1
     assert output.count("fit done in") == 1
     assert "over 2 process(es)" in output
-    # SigtermCheckInterval (every log_every_n_steps = 4 batches): at batches 0 and 4, not 8.
-    assert output.count("[rank 0] trained on 256 images; SIGTERM checks [2]") == 1
-    assert output.count("[rank 1] trained on 256 images; SIGTERM checks [2]") == 1
+    # StopOnSignal (every log_every_n_steps = 4 batches): after batches 4 and 8.
+    assert output.count("[rank 0] trained on 256 images; stop checks [2]") == 1
+    assert output.count("[rank 1] trained on 256 images; stop checks [2]") == 1
     # The prefetcher (in the default config) delivered each rank's batches (the shards
     # above are what the steps saw) and reported once, summed over both ranks.
     assert output.count("prefetch: 16 batches") == 1

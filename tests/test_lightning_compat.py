@@ -166,7 +166,7 @@ def test_routing_layers_stack_by_position_and_leave_one_at_a_time():
 
 
 def test_training_loop_broadcasts_sigterm_through_one_method():
-    """SigtermCheckInterval replaces _TrainingEpochLoop._broadcast_sigterm_tensor per instance."""
+    """StopOnSignal replaces _TrainingEpochLoop._broadcast_sigterm_tensor per instance."""
     import inspect
 
     from lightning.pytorch.loops.training_epoch_loop import _TrainingEpochLoop
@@ -177,3 +177,39 @@ def test_training_loop_broadcasts_sigterm_through_one_method():
     # looked up on the instance at every step, so an instance attribute overrides it
     assert "self._broadcast_sigterm_tensor()" in inspect.getsource(_TrainingEpochLoop.advance)
     assert ".item()" in inspect.getsource(_TrainingEpochLoop._broadcast_sigterm_tensor)
+
+
+def test_epoch_position_counts_the_batch_just_trained_and_rolls_over_at_epoch_end(tmp_path):
+    from lightning.pytorch.demos.boring_classes import BoringModel
+
+    from template.lightning_compat import epoch_position
+
+    seen = []
+
+    class Probe(pl.Callback):
+        def on_train_batch_end(self, trainer, *args):
+            seen.append(("batch", epoch_position(trainer)))
+
+        def on_validation_end(self, trainer, pl_module):
+            if not trainer.sanity_checking:
+                seen.append(("val", epoch_position(trainer)))
+
+    trainer = pl.Trainer(accelerator="cpu", max_epochs=2, limit_train_batches=3,
+                         limit_val_batches=1, callbacks=[Probe()], default_root_dir=tmp_path,
+                         enable_progress_bar=False, enable_model_summary=False, logger=False,
+                         enable_checkpointing=False)  # fmt: skip
+    trainer.fit(BoringModel())
+    assert seen == [
+        ("batch", (0, 1)), ("batch", (0, 2)), ("batch", (1, 0)), ("val", (1, 0)),
+        ("batch", (1, 1)), ("batch", (1, 2)), ("batch", (2, 0)), ("val", (2, 0)),
+    ]  # fmt: skip
+
+
+def test_lightnings_launcher_keeps_its_children_in_procs():
+    from lightning.fabric.plugins.environments import LightningEnvironment
+    from lightning.pytorch.strategies.launchers.subprocess_script import (
+        _SubprocessScriptLauncher,
+    )
+
+    launcher = _SubprocessScriptLauncher(LightningEnvironment(), num_processes=2, num_nodes=1)
+    assert hasattr(launcher, "procs"), "_SubprocessScriptLauncher.procs was renamed"

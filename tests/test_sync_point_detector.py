@@ -11,7 +11,7 @@ import lightning.pytorch as pl
 import pytest
 import torch
 
-from template.callbacks import LoggingStepProgressBar, SigtermCheckInterval, SyncPointDetector
+from template.callbacks import LoggingStepProgressBar, SyncPointDetector
 from template.data import ImageDataModule
 from template.models import ImageClassifier, classifier
 from template.perf import SyncError, assert_no_syncs
@@ -165,30 +165,6 @@ def test_progress_bar_reads_metrics_only_at_logging_steps(tmp_path):
     # after the logging steps (every 5th; global_step has moved on by then) and the epoch end
     assert training_reads == [5, 10, 12], reads
     assert "train/loss" in bar._shown
-
-
-def test_sigterm_check_runs_every_n_batches(tmp_path):
-    trainer = pl.Trainer(accelerator="cpu", logger=False, enable_checkpointing=False)
-    callback = SigtermCheckInterval(every_n_steps=4)
-    loop = trainer.fit_loop.epoch_loop
-    calls = []
-    original = type(loop)._broadcast_sigterm_tensor
-    type(loop)._broadcast_sigterm_tensor = lambda self: calls.append(
-        self.batch_progress.total.ready
-    )
-    try:
-        callback.on_fit_start(trainer, None)
-        for _ in range(10):
-            loop._broadcast_sigterm_tensor()
-            loop.batch_progress.increment_ready()
-        callback.teardown(trainer, None, "fit")
-        loop._broadcast_sigterm_tensor()  # restored: every step again
-    finally:
-        type(loop)._broadcast_sigterm_tensor = original
-    assert calls == [0, 4, 8, 10]
-    assert callback.checks == 3
-    with pytest.raises(ValueError, match="every_n_steps"):
-        SigtermCheckInterval(every_n_steps=0)
 
 
 def test_a_second_fit_reports_its_own_sites_only(tmp_path):

@@ -84,6 +84,12 @@ class StopOnNonFiniteLoss(pl.Callback):
     def on_train_epoch_end(self, trainer, pl_module) -> None:
         self._check(trainer)
 
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
+        # Any other save (StopOnSignal's, a user's mid-epoch one) is checked too; raising
+        # here aborts the save before the file is touched.
+        if trainer.state.fn == "fit":
+            self._check(trainer)
+
     def _check(self, trainer: pl.Trainer) -> None:
         first = self.watch.first_tensor()
         if first is None:

@@ -15,13 +15,17 @@ Example::
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 from typing import Literal
 
 import lightning.pytorch as pl
+import torch
 from torch.utils.data import DataLoader, Dataset
 
+from template import lightning_compat as compat
 from template.data.augment import CIFAR10_MEAN, CIFAR10_STD, DeviceAugment
+from template.data.sampler import ResumableSampler
 from template.data.sources import FolderImages, InMemoryImages, load_cifar10
 from template.data.synthetic import CLASSES as SYNTHETIC_CLASSES
 from template.data.synthetic import make_shapes
@@ -46,6 +50,14 @@ def default_num_workers(processes_per_node: int = 1, cap: int = 8) -> int:
     except AttributeError:  # macOS
         cores = os.cpu_count() or 1
     return max(0, min(cap, cores // max(1, processes_per_node) - 1))
+
+
+def shuffle_seed() -> int:
+    """The seed of the training order: ``seed_everything``'s, the same on every rank.
+
+    Lightning's own distributed sampler takes it from the same place (0 when unseeded).
+    """
+    return int(os.environ.get("PL_GLOBAL_SEED", 0))
 
 
 class ImageDataModule(pl.LightningDataModule):
@@ -95,6 +107,7 @@ class ImageDataModule(pl.LightningDataModule):
         self.download = download
         self.train_set: Dataset | None = None
         self.val_set: Dataset | None = None
+        self._resume_at: tuple[int, int] | None = None  # (epoch, batches) from a checkpoint
 
         if dataset == "folder":
             train_dir = self.data_dir / "train"
@@ -141,10 +154,24 @@ class ImageDataModule(pl.LightningDataModule):
         pin = self.pin_memory
         if pin is None:
             pin = trainer is not None and trainer.strategy.root_device.type == "cuda"
+        seed = shuffle_seed()
+        sampler = None
+        if train:
+            # The order is fixed by (seed, epoch), not by the global generator, so a resumed
+            # run sees the same batches as one that never stopped (see sampler.py).
+            world, rank = (trainer.world_size, trainer.global_rank) if trainer else (1, 0)
+            sampler = ResumableSampler(dataset, num_replicas=world, rank=rank, seed=seed)
+            # Lightning may start this loader before it restores the epoch counter and
+            # calls set_epoch (when the LR schedule asks for the number of steps), so the
+            # epoch a checkpoint resumes in is set here.
+            if self._resume_at is not None:
+                epoch, batches = self._resume_at
+                sampler.set_epoch(epoch)
+                sampler.resume_at(epoch, batches, self.batch_size)
         return DataLoader(
             dataset,
             batch_size=self.batch_size,
-            shuffle=train,
+            sampler=sampler,
             # Full batches only while training: static shapes for BatchNorm and torch.compile.
             drop_last=train,
             num_workers=workers,
@@ -152,6 +179,9 @@ class ImageDataModule(pl.LightningDataModule):
             persistent_workers=workers > 0,
             # Workers fill this many batches each ahead of the training loop.
             prefetch_factor=4 if workers > 0 else None,
+            # Worker seeds come from this generator, not the global one: what the model's
+            # random ops draw does not depend on how often a loader was started.
+            generator=torch.Generator().manual_seed(seed),
         )
 
     def train_dataloader(self) -> DataLoader:
@@ -159,6 +189,22 @@ class ImageDataModule(pl.LightningDataModule):
 
     def val_dataloader(self) -> DataLoader:
         return self._loader(self.val_set, train=False)
+
+    def state_dict(self) -> dict:
+        # Where training stands, so a resumed run starts the right epoch at the right batch.
+        if self.trainer is None:
+            return {}
+        epoch, batches = compat.epoch_position(self.trainer)
+        return {"epoch": epoch, "batches_trained": batches}
+
+    def load_state_dict(self, state: dict) -> None:
+        if "epoch" in state:
+            self._resume_at = (int(state["epoch"]), int(state["batches_trained"]))
+            # Lightning warns that a mid-epoch resume is unreliable unless the DataLoader
+            # itself is stateful; here the sampler resumes, so the warning does not apply.
+            warnings.filterwarnings(
+                "ignore", message="You're resuming from a checkpoint that ended before"
+            )
 
     def on_after_batch_transfer(self, batch, dataloader_idx: int):
         # Runs on the device, on the compute stream, after the copy: the host moved uint8.

@@ -22,8 +22,8 @@ from template.perf.syncs import SyncEvent
 _CHAIN_HINTS = (
     (
         "_broadcast_sigterm_tensor",
-        "Lightning's per-step DDP SIGTERM check: add template.callbacks.SigtermCheckInterval "
-        "(on in the default config) to run it every N steps",
+        "Lightning's per-step DDP SIGTERM check: add template.callbacks.StopOnSignal "
+        "(on in the default config), which checks every N steps instead",
     ),
     (
         "in on_batch_end",

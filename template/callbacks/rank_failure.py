@@ -1,0 +1,136 @@
+"""StopOnRankFailure: when one DDP rank fails, every rank exits within bounded time.
+
+Without it, the ranks that did not fail sit in their next collective: with gloo until
+the closed connection surfaces as a "Connection closed by peer" traceback that names
+nobody, with NCCL for the process group's timeout (30 minutes by default). With it
+(a :class:`~template.faults.peer_watch.PeerWatch` on every rank):
+
+- a rank that raises records why before it unwinds, and prints its own traceback;
+- the others see that record within ``poll_interval`` seconds, and one of them (rank
+  zero, or rank one when rank zero is the one that failed) prints a single line saying
+  which rank failed and why; all of them exit with code 1;
+- a rank killed without a word (SIGKILL, the out-of-memory killer) is noticed by rank
+  zero within ``poll_interval`` when Lightning's launcher started it, else once its
+  heartbeat has been silent for ``peer_timeout`` seconds.
+
+Example::
+
+    trainer = Trainer(strategy="ddp", devices=4, callbacks=[StopOnRankFailure(peer_timeout=60)])
+    # error: rank 2 failed (RuntimeError: CUDA error: an illegal memory access was
+    #        encountered); stopped the other ranks. Its traceback is above
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from datetime import timedelta
+
+import lightning.pytorch as pl
+import torch
+import torch.distributed as dist
+
+from template import lightning_compat as compat
+from template.errors import TrainingStopped
+from template.faults.peer_watch import PeerWatch
+from template.log import get_logger
+
+log = get_logger(__name__)
+
+# Messages of a collective whose peer went away (gloo's TCP transport, NCCL).
+_LOST_PEER_HINTS = ("Connection closed by peer", "Connection reset by peer", "NCCL", "gloo")
+
+
+class StopOnRankFailure(pl.Callback):
+    """Under DDP, turn one rank's failure into a prompt, explained exit of every rank.
+
+    Args:
+        peer_timeout: seconds of heartbeat silence after which a rank counts as dead.
+        poll_interval: seconds between heartbeats and checks of the failure record.
+    """
+
+    def __init__(self, peer_timeout: float = 30.0, poll_interval: float = 0.5) -> None:
+        if peer_timeout <= poll_interval or poll_interval <= 0:
+            raise ValueError(
+                f"need 0 < poll_interval < peer_timeout, got {poll_interval} and {peer_timeout}"
+            )
+        self.peer_timeout, self.poll_interval = peer_timeout, poll_interval
+        self.watch: PeerWatch | None = None
+        self._store = None
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if trainer.world_size < 2 or not dist.is_initialized() or self.watch is not None:
+            return
+        rank = trainer.global_rank
+        host = trainer.strategy.cluster_environment.main_address
+        timeout = timedelta(seconds=self.peer_timeout)
+        # A store of the watch's own, so its traffic never waits behind the process group's.
+        error = None
+        try:
+            if rank == 0:
+                self._store = dist.TCPStore(host, 0, is_master=True, timeout=timeout,
+                                            wait_for_workers=False)  # fmt: skip
+        except Exception as e:  # a firewall, no free port: train on, unwatched
+            error = e
+        port = trainer.strategy.broadcast(self._store.port if self._store else 0, src=0)
+        try:
+            if rank != 0 and port:
+                self._store = dist.TCPStore(host, port, is_master=False, timeout=timeout)
+        except Exception as e:
+            error = e
+        # All ranks watch, or none: a rank without a heartbeat would be declared dead.
+        ready = torch.tensor(int(self._store is not None), device=trainer.strategy.root_device)
+        if not trainer.strategy.reduce(ready, reduce_op="min").item():
+            log.warning("StopOnRankFailure is off: its store on %s failed (%s)", host, error,
+                        rank_zero_only=False)  # fmt: skip
+            return
+        self.watch = PeerWatch(
+            self._store, rank, trainer.world_size, self._stop_for,
+            poll_interval=self.poll_interval, peer_timeout=self.peer_timeout,
+            exit_codes=lambda: compat.child_exit_codes(trainer),
+        ).start()  # fmt: skip
+
+    def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+        watch = self.watch
+        if watch is None:
+            return
+        if isinstance(exception, TrainingStopped | KeyboardInterrupt):
+            watch.finish()  # every rank stops together: not a failure
+            return
+        peer = watch.wait_for_peer_failure(0)
+        if peer is None and _lost_a_peer(exception):
+            # The collective failed because some rank went away: wait for the watch to say
+            # which, rather than blame this rank.
+            peer = watch.wait_for_peer_failure(self.peer_timeout + 2 * self.poll_interval)
+        if peer is not None:
+            self._stop_for(*peer)
+        message = " ".join(str(exception).split())[:300]
+        watch.report_failure(f"{type(exception).__name__}: {message}")
+
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if self.watch is not None:
+            self.watch.finish()
+            self.watch = None
+
+    def _stop_for(self, rank: int, reason: str) -> None:
+        """Another rank failed: say so once, and leave (the main thread may be stuck in a
+        collective that will never complete, so this exits from whichever thread sees it)."""
+        me = self.watch.rank if self.watch else 0
+        speaker = 1 if rank == 0 else 0
+        if me == speaker:
+            if reason.startswith(("was ", "is ", "stopped ")):  # no word from the rank itself
+                hint = " (the out-of-memory killer sends SIGKILL)" if "SIGKILL" in reason else ""
+                what = f"{reason}{hint}; stopped the other ranks"
+            else:
+                what = f"failed ({reason}); stopped the other ranks. Its traceback is above"
+            print(
+                f"error: rank {rank} {what}; checkpoints already written are kept",
+                file=sys.stderr, flush=True,
+            )  # fmt: skip
+        sys.stdout.flush()
+        os._exit(1)
+
+
+def _lost_a_peer(exception: BaseException) -> bool:
+    text = f"{type(exception).__name__} {exception}"
+    return isinstance(exception, dist.DistError) or any(h in text for h in _LOST_PEER_HINTS)

@@ -1,0 +1,66 @@
+"""CheckpointRngState: checkpoints carry every rank's random generator states.
+
+Lightning restores weights, optimizer, schedulers and loop counters, but not the random
+generators, so a resumed run draws different augmentations and dropout masks from the
+ones an uninterrupted run would have drawn. With this callback the states are gathered
+from every rank into the checkpoint and put back, each to its own rank, just before the
+resumed run's first training batch (after the sanity check, which Lightning runs with
+the generators isolated). Together with the DataModule's ``ResumableSampler`` this makes
+"2 epochs" and "1 epoch, then resumed for 1" end with identical weights.
+
+Example::
+
+    trainer = Trainer(callbacks=[CheckpointRngState()])
+"""
+
+from __future__ import annotations
+
+import lightning.pytorch as pl
+import torch
+
+from template.faults.rng_state import capture_rng_state, restore_rng_state
+from template.log import get_logger
+
+log = get_logger(__name__)
+
+
+class CheckpointRngState(pl.Callback):
+    """Save each rank's generator states with every checkpoint; restore them on resume."""
+
+    def __init__(self) -> None:
+        self._trainer: pl.Trainer | None = None
+        self._to_restore: torch.Tensor | None = None
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._trainer = trainer
+
+    def state_dict(self) -> dict:
+        trainer = self._trainer
+        if trainer is None:
+            return {}
+        # Every rank writes a checkpoint's contents (rank zero alone saves them), so this
+        # all-gather runs on every rank at the same point.
+        mine = capture_rng_state().to(trainer.strategy.root_device)
+        states = trainer.strategy.all_gather(mine) if trainer.world_size > 1 else mine[None]
+        return {"per_rank": states.cpu()}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        states = state_dict.get("per_rank")
+        trainer = self._trainer
+        if states is None or trainer is None:
+            return
+        if len(states) != trainer.world_size:
+            log.warning(
+                "random generator states not restored: the checkpoint was written by %d "
+                "process(es), this run has %d; augmentations from here on differ from an "
+                "uninterrupted run", len(states), trainer.world_size,
+            )  # fmt: skip
+            return
+        self._to_restore = states[trainer.global_rank]
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # As late as possible: nothing between here and the first batch draws random
+        # numbers, just as nothing did after the checkpoint was written.
+        if self._to_restore is not None:
+            restore_rng_state(self._to_restore)
+            self._to_restore = None

@@ -1,0 +1,124 @@
+"""StopOnSignal: on SIGTERM or SIGINT, save a checkpoint that resumes exactly, then stop.
+
+A preempted job gets SIGTERM and a grace period; a person at the terminal presses Ctrl+C.
+Either way this callback lets the current step finish, writes ``last.ckpt`` in the run's
+checkpoint folder (so ``--ckpt_path last`` continues from that very step), and ends the
+run with one line and exit code 128 + the signal number (143 for SIGTERM, 130 for SIGINT),
+which is what schedulers expect from a process stopped by a signal. Ctrl+C a second time
+stops at once, without saving.
+
+Under DDP the ranks must stop at the same step (a rank that stops alone leaves the others
+waiting in a collective) and the signal may reach only some of them. So every
+``every_n_steps`` steps (default: ``log_every_n_steps``, right after a logging step, whose
+metrics Lightning has just read back) the ranks take the maximum of their flags in one
+all-reduce, and all stop on the same answer: at most ``every_n_steps`` steps after the
+signal. One process needs no agreement and checks after every step, for free.
+
+Lightning's own mechanism for this broadcasts a flag from rank zero and reads it back at
+every step (a collective and a host-device sync per step) and ends the process with exit
+code 0 without saving; this callback turns that broadcast off and takes the signal over
+from Lightning's handler.
+
+Example::
+
+    trainer = Trainer(strategy="ddp", callbacks=[StopOnSignal(every_n_steps=50)])
+    # error: stopped by SIGTERM at step 1234; saved runs/default/version_3/checkpoints/last.ckpt
+    #        (resume with --ckpt_path last)
+"""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import lightning.pytorch as pl
+import torch
+
+from template import lightning_compat as compat
+from template.errors import TrainingStopped
+from template.faults.stop_request import StopRequest
+from template.log import get_logger
+
+log = get_logger(__name__)
+
+
+class StopOnSignal(pl.Callback):
+    """Save ``last.ckpt`` and stop (all ranks at the same step) on SIGTERM or SIGINT.
+
+    Args:
+        every_n_steps: under DDP, steps between the ranks' agreement checks; None uses the
+            trainer's ``log_every_n_steps``. One process checks every step regardless.
+    """
+
+    def __init__(self, every_n_steps: int | None = None) -> None:
+        if every_n_steps is not None and every_n_steps < 1:
+            raise ValueError(f"every_n_steps must be 1 or more, got {every_n_steps}")
+        self.every_n_steps = every_n_steps
+        self.checks = 0  # DDP agreement checks run in this fit (for tests and curiosity)
+        self.request = StopRequest()
+        self._undo_broadcast = None
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # Lightning installs its SIGTERM handler just before training; this replaces it.
+        self.checks = 0
+        self.request = StopRequest()
+        self.request.install()
+        # Lightning's per-step broadcast of its own flag is pure cost once its handler is
+        # gone: turn it off entirely.
+        self._undo_broadcast = compat.throttle_sigterm_broadcast(trainer, lambda: False)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        signum = self._agreed_signal(trainer)
+        if signum:
+            self._save_and_stop(trainer, signum)
+
+    def _agreed_signal(self, trainer: pl.Trainer) -> int:
+        """The signal every rank agrees to stop for, or 0 to go on."""
+        mine = self.request.signum or (int(signal.SIGTERM) if trainer.received_sigterm else 0)
+        if trainer.world_size == 1:
+            return mine
+        every = self.every_n_steps or max(1, trainer.log_every_n_steps)
+        # Batches run in the whole fit: the same on every rank, and restored on resume.
+        if trainer.fit_loop.epoch_loop.batch_progress.total.processed % every:
+            return 0
+        self.checks += 1
+        flag = torch.tensor(mine, device=trainer.strategy.root_device)
+        return int(trainer.strategy.reduce(flag, reduce_op="max").item())
+
+    def _save_and_stop(self, trainer: pl.Trainer, signum: int) -> None:
+        path = _last_checkpoint_path(trainer)
+        name = _signal_name(signum)
+        log.info("%s received: saving %s at step %d", name, path, trainer.global_step)
+        trainer.save_checkpoint(path, weights_only=False)  # all ranks: zero writes, all wait
+        raise TrainingStopped(
+            f"stopped by {name} at step {trainer.global_step}; saved {path} "
+            "(resume with --ckpt_path last)",
+            exit_code=128 + signum,
+        )
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._restore(trainer)
+
+    def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+        self._restore(trainer)
+
+    def _restore(self, trainer: pl.Trainer) -> None:
+        self.request.uninstall()
+        if self._undo_broadcast is not None:
+            self._undo_broadcast()
+            self._undo_broadcast = None
+
+
+def _last_checkpoint_path(trainer: pl.Trainer) -> Path:
+    """``last.ckpt`` where the run's ModelCheckpoint writes, which ``--ckpt_path last`` finds."""
+    for callback in trainer.checkpoint_callbacks:
+        if getattr(callback, "dirpath", None):
+            return Path(callback.dirpath) / "last.ckpt"
+    return Path(trainer.log_dir or trainer.default_root_dir) / "checkpoints" / "last.ckpt"
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"

@@ -1,0 +1,69 @@
+"""SIGTERM and SIGINT as a request to stop, which the training loop answers when it can.
+
+Python's default turns SIGINT into a ``KeyboardInterrupt`` wherever the main thread is,
+and SIGTERM ends the process: either way the steps since the last checkpoint are lost,
+and under DDP the other ranks are left waiting in a collective. Here the handler only
+records the signal; the loop polls ``requested`` at a step boundary, saves, and stops.
+A second SIGINT is the way out for someone who does not want to wait: it raises
+``KeyboardInterrupt`` at once.
+
+The handler does nothing else on purpose: it can run between any two bytecodes of the
+main thread, where printing or a collective could deadlock or interleave.
+
+Example::
+
+    stop = StopRequest()
+    stop.install()
+    for step, batch in enumerate(loader):
+        train(batch)
+        if stop.requested:
+            save(); break
+    stop.uninstall()
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from types import FrameType
+
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class StopRequest:
+    """Records the first SIGTERM or SIGINT; install from the main thread."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self.received_at: float | None = None  # time.monotonic() of the first signal
+        self._previous: dict[int, object] = {}
+
+    @property
+    def requested(self) -> bool:
+        return self.signum is not None
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signum).name if self.signum is not None else ""
+
+    def install(self) -> bool:
+        """Take over SIGTERM and SIGINT; False (nothing done) off the main thread."""
+        if threading.current_thread() is not threading.main_thread():
+            return False
+        for signum in SIGNALS:
+            self._previous[signum] = signal.signal(signum, self._handle)
+        return True
+
+    def uninstall(self) -> None:
+        """Put back the handlers found at ``install``, where this one is still in place."""
+        for signum, previous in self._previous.items():
+            if signal.getsignal(signum) == self._handle:
+                signal.signal(signum, previous)
+        self._previous = {}
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.signum is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt  # a second Ctrl+C: stop now, without saving
+        if self.signum is None:
+            self.signum, self.received_at = signum, time.monotonic()

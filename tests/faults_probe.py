@@ -1,0 +1,85 @@
+"""Callbacks the fault tests add from the command line (``--trainer.callbacks+=...``)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import time
+from pathlib import Path
+
+import lightning.pytorch as pl
+
+
+class RecordBatches(pl.Callback):
+    """Appends ``<global step> <sha1 of the batch the step trained on>`` to ``path``.
+
+    The batch is hashed after the device augmentation, so the line changes if either the
+    data order or the random crops and flips differ.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = Path(path)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        digest = hashlib.sha1(batch[0].detach().cpu().numpy().tobytes()).hexdigest()
+        with self.path.open("a") as f:
+            f.write(f"{trainer.global_step} {digest}\n")
+
+
+class SaveAndStop(pl.Callback):
+    """After training step ``step`` (1-based: ``global_step`` after it), save ``path`` and stop.
+
+    ``at_epoch_end=True`` instead stops at the end of the epoch that step is in, leaving
+    the saving to the run's own ModelCheckpoint.
+    """
+
+    def __init__(self, step: int, path: str = "", at_epoch_end: bool = False) -> None:
+        self.step, self.path, self.at_epoch_end = step, path, at_epoch_end
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.global_step == self.step and not self.at_epoch_end:
+            trainer.save_checkpoint(self.path)
+            trainer.should_stop = True
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        if self.at_epoch_end and trainer.global_step >= self.step:
+            trainer.should_stop = True
+
+
+class SignalAt(pl.Callback):
+    """Sends ``signal`` (a name: SIGTERM, SIGINT) to this process after step ``step``,
+    on rank ``rank`` only."""
+
+    def __init__(self, step: int, signal: str = "SIGTERM", rank: int = 0) -> None:
+        self.step, self.signum, self.rank = step, getattr(signal_module, signal), rank
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.global_step == self.step and trainer.global_rank == self.rank:
+            os.kill(os.getpid(), self.signum)
+
+
+signal_module = signal
+
+
+class FailAt(pl.Callback):
+    """Rank ``rank`` fails after step ``step``: ``raise`` a RuntimeError, or ``kill`` itself
+    with SIGKILL (no Python code runs after that).
+
+    Every rank writes its process id to ``pids/rank<R>``, and the failing rank the time of
+    its failure to ``failed_at``, for the test to check how fast everything ended.
+    """
+
+    def __init__(self, step: int, rank: int = 1, how: str = "raise") -> None:
+        self.step, self.rank, self.how = step, rank, how
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        Path("pids").mkdir(exist_ok=True)
+        Path("pids", f"rank{trainer.global_rank}").write_text(str(os.getpid()))
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.global_step == self.step and trainer.global_rank == self.rank:
+            Path("failed_at").write_text(repr(time.time()))
+            if self.how == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            raise RuntimeError(f"injected failure at step {self.step}")

@@ -41,7 +41,7 @@ def epoch_position(trainer: pl.Trainer) -> tuple[int, int]:
     """
     # Public attributes, but what ``processed`` means at save time (the batch that just ran
     # is counted; ``completed`` is not yet) is Lightning's loop bookkeeping (2.0 to 2.6),
-    # pinned by tests/test_resume.py.
+    # pinned by tests/test_lightning_compat.py and tests/test_resume.py.
     trained = int(trainer.fit_loop.epoch_loop.batch_progress.current.processed)
     epoch = int(trainer.current_epoch)
     if trained >= trainer.num_training_batches:
@@ -201,8 +201,8 @@ def child_exit_codes(trainer: pl.Trainer) -> dict[int, int | None]:
     empty where processes were started by something else (torchrun, SLURM)."""
     # Undocumented: _SubprocessScriptLauncher.procs (Lightning 2.0 to 2.6), the Popen of
     # local ranks 1..n-1 in order.
-    procs = getattr(trainer.strategy.launcher, "procs", None) or []
     if trainer.local_rank != 0:
         return {}
+    procs = getattr(trainer.strategy.launcher, "procs", None) or []
     first = trainer.node_rank * trainer.num_devices
     return {first + i + 1: proc.poll() for i, proc in enumerate(procs)}

@@ -158,6 +158,21 @@ def test_ctrl_c_saves_and_exits_130(tmp_path):
     assert "KeyboardInterrupt" not in result.stderr
 
 
+@pytest.mark.slow
+def test_sigterm_before_training_is_one_line_and_exit_143(tmp_path):
+    # Before on_train_start the signal is still Lightning's, which would exit 0.
+    result = run_entry_point(
+        ["fit", "--config", DEFAULT, "--config", DEBUG, "--trainer.num_sanity_val_steps=2",
+         "--trainer.callbacks+=tests.faults_probe.SignalAt",
+         "--trainer.callbacks.init_args.step=-1"],
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 128 + signal.SIGTERM, result.stderr[-3000:]
+    assert _stderr_lines(result) == [
+        "error: stopped by SIGTERM before training began; nothing to save"
+    ]
+
+
 DDP = ["fit", "--config", DEFAULT, "--config", DEBUG, "--trainer.accelerator=cpu",
        "--trainer.devices=2", "--trainer.max_epochs=2",
        "--trainer.log_every_n_steps=4"]  # fmt: skip

@@ -56,3 +56,31 @@ def test_a_nan_loss_stops_the_run_naming_the_step_and_keeps_the_last_good_checkp
     assert saved["global_step"] == 12  # the end of epoch 0: nothing after the NaN
     weights = [t for t in saved["state_dict"].values() if t.is_floating_point()]
     assert all(torch.isfinite(t).all() for t in weights)
+
+
+def test_a_save_between_checks_is_refused_after_a_nan(tmp_path, monkeypatch, capsys):
+    """A save outside the regular checks (StopOnSignal's, a user's mid-epoch one) is checked
+    in on_save_checkpoint: nothing is written from non-finite weights."""
+    from template.train import main
+
+    original = ImageClassifier.training_step
+
+    def training_step(self, batch, batch_idx):
+        loss = original(self, batch, batch_idx)
+        return loss * math.nan if self.trainer.global_step >= 1 else loss
+
+    monkeypatch.setattr(ImageClassifier, "training_step", training_step)
+    monkeypatch.chdir(tmp_path)
+    mid = tmp_path / "mid.ckpt"
+    code = main(
+        [
+            "fit", "--config", DEFAULT, "--config", DEBUG, "--trainer.log_every_n_steps=50",
+            "--trainer.callbacks+=tests.faults_probe.SaveAndStop",
+            "--trainer.callbacks.init_args.step=3", f"--trainer.callbacks.init_args.path={mid}",
+        ]
+    )  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 1
+    (line,) = [line for line in err.splitlines() if line.startswith("error:")]
+    assert "NaN or Inf at step 1" in line, err[-2000:]
+    assert not mid.exists()

@@ -30,7 +30,7 @@ install: $(STAMP)
 # Redone only when pyproject.toml changes (or the venv is missing).
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -e '.[template,dev]'
 	@touch $(STAMP)
 
 TRAIN_FLAGS := $(if $(filter-out $(DEFAULT_CONFIG),$(CONFIG)),--config $(CONFIG))

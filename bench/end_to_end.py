@@ -37,7 +37,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from bench.results import add_device_option, chosen_device, machine, save
 from bench.syncs import _setup, sync_figures, trainer_for
-from template.callbacks import (
+from gpu_busy.callbacks import (
     IdleTimeMonitor,
     LoggingStepProgressBar,
     StopOnSignal,

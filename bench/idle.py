@@ -36,14 +36,14 @@ import torch
 
 from bench.results import add_device_option, chosen_device, machine, save
 from bench.syncs import StepClock, fit
-from template.callbacks import (
+from gpu_busy.callbacks import (
     IdleTimeMonitor,
     RunSummary,
     StopOnSignal,
     StreamPrefetcher,
     SyncPointDetector,
 )
-from template.perf.idle import StepTimer, SyncMarks, analyze_trace
+from gpu_busy.idle import StepTimer, SyncMarks, analyze_trace
 
 DELAYS_MS = (0.0, 1.0, 2.0, 5.0, 10.0)
 

@@ -31,7 +31,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from bench.results import machine, save
-from template.callbacks import StreamPrefetcher
+from gpu_busy.callbacks import StreamPrefetcher
 
 WARMUP = 5
 FEATURES = 4096

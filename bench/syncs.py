@@ -50,7 +50,7 @@ import torch
 from lightning.pytorch.callbacks import TQDMProgressBar
 
 from bench.results import add_device_option, chosen_device, machine, save
-from template.callbacks import (
+from gpu_busy.callbacks import (
     LoggingStepProgressBar,
     StopOnSignal,
     StreamPrefetcher,

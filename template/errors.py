@@ -11,15 +11,3 @@ Example::
 
 class UserError(Exception):
     """A mistake in the user's input (config, paths, devices) with a message that says the fix."""
-
-
-class TrainingStopped(Exception):
-    """Training stopped on purpose, for the reason in the message (a non-finite loss, say).
-
-    The entry point prints it as one line and exits with ``exit_code`` (1 unless the stop
-    says otherwise: 143 after SIGTERM); what was saved before it is kept.
-    """
-
-    def __init__(self, message: str, exit_code: int = 1) -> None:
-        super().__init__(message)
-        self.exit_code = exit_code

@@ -1,7 +1,9 @@
 """Entry point: ``python -m template.train fit --config configs/default.yaml [--key=value ...]``.
 
-A ``LightningCLI`` over :class:`ImageClassifier` and :class:`ImageDataModule`, with three
-additions:
+A ``LightningCLI`` in subclass mode: the LightningModule and the DataModule are whatever
+``model.class_path`` and ``data.class_path`` name (``configs/default.yaml`` names the
+example's), so training your own is a config edit or ``--model.class_path=my.Model``.
+``data.num_classes`` is passed to ``model.num_classes`` where both exist. Also:
 
 - ``trainer.precision: null`` (the default) resolves to bf16 mixed precision on a GPU that
   supports it and to fp32 elsewhere;
@@ -23,16 +25,16 @@ import warnings
 import zipfile
 from pathlib import Path
 
+import lightning.pytorch as pl
 import torch
 from jsonargparse import ArgumentError
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from template.data import ImageDataModule
-from template.errors import TrainingStopped, UserError
-from template.log import current_rank, get_logger, setup_logging
-from template.models import ImageClassifier
+from gpu_busy.faults.training_stopped import TrainingStopped
+from gpu_busy.log import current_rank, get_logger, setup_logging
+from template.errors import UserError
 
 log = get_logger(__name__)
 
@@ -144,8 +146,11 @@ def find_last_checkpoint(run_root: Path) -> Path | None:
 
 class TemplateCLI(LightningCLI):
     def add_arguments_to_parser(self, parser) -> None:
-        # The DataModule knows its classes (for an image folder, after scanning it).
-        parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate")
+        # The DataModule knows its classes (for an image folder, after scanning it). Applied
+        # only where the model takes num_classes and the DataModule has it.
+        parser.link_arguments(
+            "data.num_classes", "model.init_args.num_classes", apply_on="instantiate"
+        )
 
     def parse_arguments(self, parser, args) -> None:
         super().parse_arguments(parser, args)
@@ -165,23 +170,51 @@ class TemplateCLI(LightningCLI):
 
     def before_fit(self) -> None:
         logger = self.trainer.logger
-        check_writable(
-            Path(logger.root_dir if logger is not None else self.trainer.default_root_dir)
-        )
+        root = Path(logger.root_dir) if logger is not None else Path(self.trainer.default_root_dir)
+        check_writable(root)
         # Lightning's own "last" looks only in this run's new version directory; resuming
         # means the newest last.ckpt of any earlier version of this run name.
         config = self.config_init[self.subcommand]
         if config.get("ckpt_path") != "last":
             return
-        logger = self.trainer.logger
-        root = Path(logger.root_dir) if logger is not None else Path(self.trainer.default_root_dir)
         last = find_last_checkpoint(root)
         if last is None:
             log.warning("--ckpt_path last: no last.ckpt under %s; training from scratch", root)
             config["ckpt_path"] = None
         else:
-            log.info("resuming from %s", last)
+            # A resumed run writes to a new version directory: Lightning's CSVLogger would
+            # delete the old one's metrics.csv if it reopened it.
+            log.info(
+                "resuming from %s into a new version directory under %s; the metrics of the "
+                "steps before it stay in %s",
+                last,
+                root,
+                last.parent.parent,
+            )
             config["ckpt_path"] = str(last)
+
+
+def argument_error_line(message: str) -> str:
+    """jsonargparse's nested, multi-line error as one line that names the full key.
+
+    In subclass mode a bad ``--data.batch_size`` is reported under ``Parser key "data"``,
+    then the class, then ``Parser key "batch_size"``, then the reason.
+    """
+    keys = re.findall(r'Parser key "([^"]+)":', message)
+    lines = [line.strip() for line in message.splitlines()]
+    tail = next((line for line in reversed(lines) if line.startswith("Parser key")), None)
+    if keys and tail is not None:
+        after = lines[lines.index(tail) + 1 :]
+        reason = tail.split(":", 1)[1].strip() or (after[0] if after else "")
+        key = ".".join(k for k in keys if k != "init_args")
+        return f'Parser key "{key}": {reason}'
+    return " ".join(message.split())
+
+
+def _cause(error: BaseException, kind: type[BaseException]) -> BaseException | None:
+    while error is not None and not isinstance(error, kind):
+        error = error.__cause__ or error.__context__
+    return error
 
 
 def main(args: list[str] | None = None) -> int:
@@ -191,9 +224,11 @@ def main(args: list[str] | None = None) -> int:
     torch.set_float32_matmul_precision("high")  # TF32 matmuls on Ampere and newer GPUs
     try:
         TemplateCLI(
-            ImageClassifier,
-            ImageDataModule,
+            pl.LightningModule,  # any subclass: model.class_path in the config
+            pl.LightningDataModule,  # any subclass: data.class_path
             # A resumed or repeated run writes its config next to its own logs.
+            subclass_mode_model=True,
+            subclass_mode_data=True,
             save_config_kwargs={"overwrite": True},
             parser_kwargs={"exit_on_error": False},
             args=args,
@@ -202,8 +237,15 @@ def main(args: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except ArgumentError as e:
-        message = " ".join(str(e).split())
-        print(f"error: {message} ({USAGE_HINT})", file=sys.stderr)
+        print(f"error: {argument_error_line(str(e))} ({USAGE_HINT})", file=sys.stderr)
+        return 2
+    except ValueError as e:
+        # jsonargparse builds a subclass-mode class under a union type, and reports what
+        # its __init__ raised inside a ValueError of its own.
+        user_error = _cause(e, UserError)
+        if user_error is None:
+            raise
+        print(f"error: {user_error}", file=sys.stderr)
         return 2
     except TrainingStopped as e:
         # Every rank stops at the same check; rank zero says why and its code is the run's.
@@ -211,7 +253,7 @@ def main(args: list[str] | None = None) -> int:
         # zero included, when one of its ranks exits non-zero.
         if current_rank() != 0:
             return 0
-        print(f"error: {e}", file=sys.stderr)
+        print(f"{'error' if e.failure else 'stopped'}: {e}", file=sys.stderr)
         return e.exit_code
     except SIGTERMException:
         # Lightning's own handler, still in place before training starts.

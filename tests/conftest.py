@@ -10,8 +10,6 @@ import numpy as np
 import pytest
 import torch
 
-pytest_plugins = ["template.perf.pytest_plugin"]  # the no_syncs fixture
-
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"
 DEFAULT = str(CONFIGS / "default.yaml")

@@ -13,8 +13,8 @@ from pathlib import Path
 import lightning.pytorch as pl
 import torch
 
-from template.callbacks import StopOnSignal
-from template.log import get_logger
+from gpu_busy.callbacks import StopOnSignal
+from gpu_busy.log import get_logger
 
 log = get_logger(__name__)
 

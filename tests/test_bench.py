@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from bench.end_to_end import HostAugmented, PlainClassifier
+from gpu_busy.syncs import detect_syncs
 from template.data.synthetic import make_shapes
-from template.perf import detect_syncs
 from tests.conftest import ROOT
 
 

@@ -79,7 +79,7 @@ def test_last_ckpt_is_the_latest_state_even_when_val_acc_does_not_improve(tmp_pa
     last = torch.load(checkpoints / "last.ckpt", map_location="cpu", weights_only=True)
     assert (last["epoch"], last["global_step"]) == (2, 12)
     assert sorted(p.name for p in checkpoints.iterdir()) == [
-        "best-epoch00-acc1.0000.ckpt",
+        "best-epoch00.ckpt",
         "last.ckpt",
     ]
 

@@ -153,7 +153,7 @@ def test_worker_count_follows_cores(monkeypatch):
 
 
 def test_resumable_sampler_order_is_fixed_by_seed_and_epoch_and_resumes_mid_epoch():
-    from template.data.sampler import ResumableSampler
+    from gpu_busy.resume.sampler import ResumableSampler
 
     data = list(range(40))
     sampler = ResumableSampler(data, seed=3)
@@ -181,7 +181,7 @@ def test_rng_state_round_trips_every_generator():
 
     import numpy as np
 
-    from template.faults.rng_state import capture_rng_state, restore_rng_state
+    from gpu_busy.resume.rng_state import capture_rng_state, restore_rng_state
 
     random.gauss(0, 1)  # leaves a cached value in Python's generator
     saved = capture_rng_state()

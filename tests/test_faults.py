@@ -12,8 +12,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from template.faults.peer_watch import PeerWatch, describe_exit
-from template.faults.stop_request import StopRequest
+from gpu_busy.faults.peer_watch import PeerWatch, describe_exit
+from gpu_busy.faults.stop_request import StopRequest
 from tests.conftest import DEBUG, DEFAULT, run_entry_point
 from tests.test_resume import RUN, assert_same_training_state, fit, steps
 

@@ -35,7 +35,7 @@ def test_default_gpu_run_resolves_bf16(in_tmp, capsys):
 
 SANITIZED_PREFETCH = r"""
 import torch
-from template.perf.prefetch import PrefetchIterator, PrefetchStats, StreamCopier
+from gpu_busy.prefetch import PrefetchIterator, PrefetchStats, StreamCopier
 
 torch.manual_seed(0)
 batches = [torch.randn(256, 1024).pin_memory() for _ in range(12)]
@@ -96,7 +96,7 @@ def test_copies_of_the_next_batch_overlap_the_current_steps_kernels(tmp_path):
 
     from torch.profiler import ProfilerActivity, profile
 
-    from template.perf.prefetch import PrefetchIterator, StreamCopier
+    from gpu_busy.prefetch import PrefetchIterator, StreamCopier
 
     batches = [torch.randn(8192, 4096).pin_memory() for _ in range(8)]  # 128 MiB each
     w = torch.randn(4096, 4096, device="cuda")
@@ -132,7 +132,7 @@ def test_copies_of_the_next_batch_overlap_the_current_steps_kernels(tmp_path):
 
 def test_callback_on_cuda_delivers_the_same_batches_and_measures_exposure(tmp_path):
 
-    from template.callbacks import StreamPrefetcher
+    from gpu_busy.callbacks import StreamPrefetcher
     from tests.test_stream_prefetcher import Numbers, Reads, Recorder
 
     def fit(callbacks, pin):
@@ -183,7 +183,7 @@ def _line_of(marker: str) -> int:
 
 
 def test_detect_syncs_on_cuda_names_each_op_and_line():
-    from template.perf import detect_syncs
+    from gpu_busy.syncs import detect_syncs
 
     x = torch.randn(64, device="cuda")
     torch.cuda.synchronize()
@@ -208,7 +208,7 @@ def test_detect_syncs_on_cuda_names_each_op_and_line():
 
 
 def test_cuda_debug_mode_catches_a_sync_missing_from_the_table(monkeypatch):
-    from template.perf import detect_syncs, syncs
+    from gpu_busy.syncs import detect_syncs, syncs
 
     monkeypatch.delitem(syncs._ATEN_SYNCS, torch.ops.aten.nonzero)  # pretend it is unknown
     x = torch.randn(64, device="cuda")
@@ -232,7 +232,7 @@ class ErrorOnSteadySyncs(pl.Callback):
     on_validation_start = on_train_epoch_end = on_train_end = _disarm
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        from template.lightning_compat import is_logging_step, logger_step
+        from gpu_busy.lightning_compat import is_logging_step, logger_step
 
         torch.cuda.set_sync_debug_mode(0)
         this_logged = is_logging_step(trainer)  # step N logs if (logger_step + 1) % every == 0
@@ -278,7 +278,7 @@ def test_idle_monitor_on_cuda_times_with_events_and_traces_device_work(in_tmp):
         [
             "fit", "--config", DEFAULT, "--config", DEBUG,
             "--trainer.limit_train_batches=24", "--trainer.log_every_n_steps=8",
-            '--trainer.callbacks+={"class_path": "template.callbacks.IdleTimeMonitor",'
+            '--trainer.callbacks+={"class_path": "gpu_busy.callbacks.IdleTimeMonitor",'
             ' "init_args": {"trace_every_n_steps": 10, "trace_steps": 3}}',
         ]
     )  # fmt: skip

@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 
-from template.perf.idle import (
+from gpu_busy.idle import (
     CAUSES,
     IdleStats,
     StepSeries,
@@ -21,7 +21,7 @@ from template.perf.idle import (
     render_table,
     save_picture,
 )
-from template.perf.idle.intervals import gaps, merge, overlap_length, union_length
+from gpu_busy.idle.intervals import gaps, merge, overlap_length, union_length
 from tests.conftest import DEBUG, DEFAULT
 
 # -- intervals -----------------------------------------------------------------------
@@ -331,7 +331,7 @@ def _one_gap(scripted, *, gpu_drains_at, syncs=(), step_end_host=100.0, ready_ho
     clock = iter([0.0, step_end_host, ready_host, ready_host + 1, ready_host + 10])
     marks = type("Marks", (), {"since": lambda self, t: [s / 1e3 for s in syncs]})()
     timer.sync_marks = marks
-    import template.perf.idle.step_timer as st
+    import gpu_busy.idle.step_timer as st
 
     real = st.time.perf_counter
     st.time.perf_counter = lambda: next(clock) / 1e3
@@ -381,7 +381,7 @@ def test_idle_stats_travel_as_a_flat_list_and_series_stay_bounded():
     assert s.means(cuda=True)["idle_pct"] == pytest.approx(20.0)
     assert s.take() == IdleStats(steps=3, timed_steps=2, idle_ms=4.0, device_ms=16.0,
                                  data_wait_ms=4.0) and s == IdleStats()  # fmt: skip
-    from template.perf.idle import StepTiming
+    from gpu_busy.idle import StepTiming
 
     series = StepSeries(capacity=64)
     for i in range(1000):
@@ -417,7 +417,7 @@ def test_idle_monitor_logs_reports_and_captures_a_profiler_window(tmp_path, monk
             "fit", "--config", DEFAULT, "--config", DEBUG,
             "--trainer.limit_train_batches=12", "--trainer.max_epochs=2",
             "--trainer.log_every_n_steps=4",
-            '--trainer.callbacks+={"class_path": "template.callbacks.IdleTimeMonitor",'
+            '--trainer.callbacks+={"class_path": "gpu_busy.callbacks.IdleTimeMonitor",'
             ' "init_args": {"trace_every_n_steps": 8, "trace_steps": 2, "warmup_steps": 2}}',
         ]
     )  # fmt: skip

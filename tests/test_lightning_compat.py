@@ -1,4 +1,4 @@
-"""Pins the Lightning internals the template touches (all in template/lightning_compat.py).
+"""Pins the Lightning internals the template touches (all in gpu_busy/lightning_compat.py).
 
 If one of these fails after a Lightning upgrade, the attribute was renamed or removed:
 update lightning_compat.py, not the callers.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import lightning.pytorch as pl
 
-from template.lightning_compat import is_logging_step
+from gpu_busy.lightning_compat import is_logging_step
 
 
 def test_logger_connector_should_update_logs_exists():
@@ -47,7 +47,7 @@ def test_fetcher_and_loader_internals_exist_in_every_loop(tmp_path):
     """loop._data_fetcher (.length/.fetched/.prefetch_batches) and loop._combined_loader."""
     from lightning.pytorch.demos.boring_classes import BoringModel
 
-    from template.lightning_compat import fetcher_counts, logger_step
+    from gpu_busy.lightning_compat import fetcher_counts, logger_step
 
     seen = {}
 
@@ -103,7 +103,7 @@ def test_combined_loader_can_be_routed_and_restored():
     """The loop's fetcher calls next() on the CombinedLoader itself (iter() returns it)."""
     from lightning.pytorch.utilities.combined_loader import CombinedLoader
 
-    from template.lightning_compat import _is_routed, route_batches, unroute
+    from gpu_busy.batch_routing import _is_routed, route_batches, unroute
 
     loader = CombinedLoader([[10, 11, 12]], "max_size_cycle")
     assert iter(loader) is loader, "iter(CombinedLoader) no longer returns the loader"
@@ -133,7 +133,7 @@ def test_routing_layers_stack_by_position_and_leave_one_at_a_time():
     """The idle monitor's timing layer sits below the prefetcher's, next to the DataLoader."""
     from lightning.pytorch.utilities.combined_loader import CombinedLoader
 
-    from template.lightning_compat import _is_routed, route_batches, unroute
+    from gpu_busy.batch_routing import _is_routed, route_batches, unroute
 
     loader = CombinedLoader([[1, 2]], "max_size_cycle")
 
@@ -182,7 +182,7 @@ def test_training_loop_broadcasts_sigterm_through_one_method():
 def test_epoch_position_counts_the_batch_just_trained_and_rolls_over_at_epoch_end(tmp_path):
     from lightning.pytorch.demos.boring_classes import BoringModel
 
-    from template.lightning_compat import epoch_position
+    from gpu_busy.lightning_compat import epoch_position
 
     seen = []
 

@@ -4,7 +4,7 @@ import logging
 
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 
-from template.log import get_logger
+from gpu_busy.log import get_logger
 
 
 def test_rank_zero_lines_only_on_rank_zero_per_rank_lines_say_their_rank(monkeypatch, caplog):

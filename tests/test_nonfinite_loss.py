@@ -7,9 +7,9 @@ import math
 
 import torch
 
-from template.callbacks.nonfinite_loss import FirstNonFinite
+from gpu_busy.callbacks.nonfinite_loss import FirstNonFinite
+from gpu_busy.syncs import assert_no_syncs
 from template.models import ImageClassifier
-from template.perf import assert_no_syncs
 from tests.conftest import DEBUG, DEFAULT
 
 

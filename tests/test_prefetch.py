@@ -1,4 +1,4 @@
-"""The prefetch mechanism alone (template.perf.prefetch), on the CPU path."""
+"""The prefetch mechanism alone (gpu_busy.prefetch), on the CPU path."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from template.perf.events import EventPool
-from template.perf.prefetch import PrefetchIterator, PrefetchStats, StreamCopier
+from gpu_busy.event_pool import EventPool
+from gpu_busy.prefetch import PrefetchIterator, PrefetchStats, StreamCopier
 
 
 class CountingSource:

@@ -17,8 +17,8 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
-from template.callbacks import StreamPrefetcher
-from template.lightning_compat import _is_routed
+from gpu_busy.batch_routing import _is_routed
+from gpu_busy.callbacks import StreamPrefetcher
 
 
 class Reads:

@@ -11,10 +11,10 @@ import lightning.pytorch as pl
 import pytest
 import torch
 
-from template.callbacks import LoggingStepProgressBar, SyncPointDetector
+from gpu_busy.callbacks import LoggingStepProgressBar, SyncPointDetector
+from gpu_busy.syncs import SyncError, assert_no_syncs
 from template.data import ImageDataModule
 from template.models import ImageClassifier, classifier
-from template.perf import SyncError, assert_no_syncs
 from tests.conftest import DEBUG, DEFAULT
 
 
@@ -95,7 +95,7 @@ def test_default_sampling_stays_within_budget_and_watches_the_first_steps(tmp_pa
 
 def test_the_default_config_step_is_sync_free_in_steady_state(tmp_path, monkeypatch):
     """Every sync the CPU simulation sees outside logging steps is a simulation artefact."""
-    from template.callbacks import sync_point_detector
+    from gpu_busy.callbacks import sync_point_detector
     from template.train import main
 
     # Watch every step (the configured budget would watch only the first few here).

@@ -1,4 +1,4 @@
-"""The sync detector alone (template.perf, no Lightning), in the CPU simulation.
+"""The sync detector alone (gpu_busy.syncs, no Lightning), in the CPU simulation.
 
 One case per row of the coverage list: each must be reported once, with this file's
 line; clean cases must report nothing.
@@ -11,10 +11,10 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from template.perf import SyncError, assert_no_syncs, detect_syncs
-from template.perf.sampling import WatchSchedule
-from template.perf.sync_sites import SyncSiteTable, fix_hint
-from template.perf.syncs import SyncDetector
+from gpu_busy.syncs import SyncError, assert_no_syncs, detect_syncs
+from gpu_busy.syncs.detector import SyncDetector
+from gpu_busy.syncs.sampling import WatchSchedule
+from gpu_busy.syncs.sites import SyncSiteTable, fix_hint
 
 x = torch.arange(6.0)
 mask = x > 2

@@ -23,9 +23,9 @@ import lightning.pytorch as pl
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from template import lightning_compat as compat
+from gpu_busy import lightning_compat as compat
+from gpu_busy.resume.sampler import ResumableSampler
 from template.data.augment import CIFAR10_MEAN, CIFAR10_STD, DeviceAugment
-from template.data.sampler import ResumableSampler
 from template.data.sources import FolderImages, InMemoryImages, load_cifar10
 from template.data.synthetic import CLASSES as SYNTHETIC_CLASSES
 from template.data.synthetic import make_shapes

@@ -22,7 +22,7 @@ import math
 from lightning.pytorch.callbacks import TQDMProgressBar
 from torch import Tensor
 
-from template import lightning_compat as compat
+from gpu_busy import lightning_compat as compat
 
 
 class LoggingStepProgressBar(TQDMProgressBar):

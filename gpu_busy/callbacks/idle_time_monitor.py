@@ -1,6 +1,6 @@
 """IdleTimeMonitor: how long the GPU sat idle in each training step, and why.
 
-Always on: ``template.perf.idle.StepTimer`` records CUDA events at each step's start and
+Always on: ``gpu_busy.idle.StepTimer`` records CUDA events at each step's start and
 end and when the step's batch arrived from the DataLoader, reads them back a step or two
 later with ``query()`` (never a sync), and splits the idle gap before each step into
 data wait, sync stall, launch-bound and other (definitions: docs/ARCHITECTURE.md, "Idle
@@ -9,7 +9,7 @@ time"). The DataLoader wait is timed at the DataLoader itself, below any prefetc
 Exact mode: every ``trace_every_n_steps`` steps (0: never), and on demand (``request_trace()``
 or by touching a file named ``TRACE`` in the run directory), a ``torch.profiler`` window
 of ``trace_steps`` steps is saved to ``<run dir>/traces/`` (open it in Perfetto or
-TensorBoard) and analysed with ``template.perf.idle.analyze_trace``.
+TensorBoard) and analysed with ``gpu_busy.idle.analyze_trace``.
 
 Figures. At Lightning's logging steps, ``idle/*`` per step: idle share, idle ms by cause,
 device ms, transfer ms, the host's DataLoader wait; each the mean over ranks and, with
@@ -38,11 +38,11 @@ from pathlib import Path
 import lightning.pytorch as pl
 import torch
 
-from template import lightning_compat as compat
-from template.callbacks.stream_prefetcher import StreamPrefetcher
-from template.callbacks.sync_point_detector import SyncPointDetector
-from template.log import get_logger
-from template.perf.idle import (
+from gpu_busy import batch_routing
+from gpu_busy import lightning_compat as compat
+from gpu_busy.callbacks.stream_prefetcher import StreamPrefetcher
+from gpu_busy.callbacks.sync_point_detector import SyncPointDetector
+from gpu_busy.idle import (
     IdleStats,
     StepSeries,
     StepTimer,
@@ -53,6 +53,7 @@ from template.perf.idle import (
     render_table,
     save_picture,
 )
+from gpu_busy.log import get_logger
 
 log = get_logger(__name__)
 
@@ -141,7 +142,7 @@ class IdleTimeMonitor(pl.Callback):
         timer = self.timer
         # Position 0: next to the DataLoader, below a prefetcher, so only the host's own
         # wait for data is timed.
-        loader = compat.route_batches(
+        loader = batch_routing.route_batches(
             trainer.fit_loop, lambda items: TimedReads(items, timer), layer=self._layer, position=0
         )
         if loader is not None and loader not in self._loaders:
@@ -350,7 +351,7 @@ class IdleTimeMonitor(pl.Callback):
         if self._marks is not None:
             self._marks.close()
         for loader in self._loaders:
-            compat.unroute(loader, layer=self._layer)
+            batch_routing.unroute(loader, layer=self._layer)
         self._loaders.clear()
 
 

@@ -21,8 +21,8 @@ from pathlib import Path
 import lightning.pytorch as pl
 import torch
 
-from template import lightning_compat as compat
-from template.errors import TrainingStopped
+from gpu_busy import lightning_compat as compat
+from gpu_busy.faults.training_stopped import TrainingStopped
 
 
 class FirstNonFinite:

@@ -9,16 +9,16 @@
 
 Example::
 
-    from template.perf.idle import analyze_trace
+    from gpu_busy.idle import analyze_trace
     print(analyze_trace("trace.json").idle_ms)
 """
 
-from template.perf.idle.intervals import CAUSES
-from template.perf.idle.report import build_report, render_table, save_picture
-from template.perf.idle.stats import IdleStats, StepSeries
-from template.perf.idle.step_timer import StepTimer, StepTiming, TimedReads
-from template.perf.idle.sync_marks import SyncMarks
-from template.perf.idle.trace import StepIdle, TraceIdle, analyze_trace
+from gpu_busy.idle.intervals import CAUSES
+from gpu_busy.idle.report import build_report, render_table, save_picture
+from gpu_busy.idle.stats import IdleStats, StepSeries
+from gpu_busy.idle.step_timer import StepTimer, StepTiming, TimedReads
+from gpu_busy.idle.sync_marks import SyncMarks
+from gpu_busy.idle.trace import StepIdle, TraceIdle, analyze_trace
 
 __all__ = [
     "CAUSES",

@@ -1,6 +1,6 @@
 """SyncPointDetector: which lines make the host wait for the GPU, step by step.
 
-A watched step runs under ``template.perf.detect_syncs`` from the end of the previous
+A watched step runs under ``gpu_busy.syncs.detect_syncs`` from the end of the previous
 step to the end of this one, so the syncs Lightning adds between steps (metric logging,
 the progress bar, the DDP SIGTERM check, the data transfer) are seen with the step's own.
 Validation is not watched, nor the epoch boundaries.
@@ -12,7 +12,7 @@ Example::
 
 Sampling. The first steps are always watched; after that a step is watched only while
 the watching done so far, at its measured cost against a plain step, stays within
-``overhead_budget`` (1% by default) of the steps run (``template.perf.sampling``). Every
+``overhead_budget`` (1% by default) of the steps run (``gpu_busy.syncs.sampling``). Every
 rank watches the same steps: the cost estimate changes only at logging steps, from
 figures reduced over ranks.
 
@@ -22,7 +22,7 @@ latter leaves out logging steps, where syncs are expected). At the end of fit, r
 prints the call sites of all ranks, with a one-line fix each, and the measured overhead,
 and writes them to ``syncs.json`` in the run directory.
 
-``strict=True`` raises ``template.perf.SyncError`` at the first sync in a watched step
+``strict=True`` raises ``gpu_busy.syncs.SyncError`` at the first sync in a watched step
 that is not a logging step, with the line in the message. The detector counts CPU tensors
 as device memory on a CPU-only run (``device_type`` follows the root device), so a CPU
 CI run finds the same lines a GPU run would.
@@ -37,11 +37,11 @@ from pathlib import Path
 import lightning.pytorch as pl
 import torch
 
-from template import lightning_compat as compat
-from template.log import get_logger
-from template.perf.sampling import WatchSchedule
-from template.perf.sync_sites import SyncSiteTable
-from template.perf.syncs import SyncDetector
+from gpu_busy import lightning_compat as compat
+from gpu_busy.log import get_logger
+from gpu_busy.syncs.detector import SyncDetector
+from gpu_busy.syncs.sampling import WatchSchedule
+from gpu_busy.syncs.sites import SyncSiteTable
 
 log = get_logger(__name__)
 

@@ -18,8 +18,8 @@ from __future__ import annotations
 import lightning.pytorch as pl
 import torch
 
-from template.faults.rng_state import capture_rng_state, restore_rng_state
-from template.log import get_logger
+from gpu_busy.log import get_logger
+from gpu_busy.resume.rng_state import capture_rng_state, restore_rng_state
 
 log = get_logger(__name__)
 

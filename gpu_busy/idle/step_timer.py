@@ -54,9 +54,9 @@ from typing import Any
 
 import torch
 
-from template.perf.events import EventPool
-from template.perf.idle.intervals import CAUSES, Interval, overlap_length
-from template.perf.idle.sync_marks import SyncMarks
+from gpu_busy.event_pool import EventPool
+from gpu_busy.idle.intervals import CAUSES, Interval, overlap_length
+from gpu_busy.idle.sync_marks import SyncMarks
 
 
 @dataclass

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import signal
 import threading
-import time
 from types import FrameType
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -36,7 +35,6 @@ class StopRequest:
 
     def __init__(self) -> None:
         self.signum: int | None = None
-        self.received_at: float | None = None  # time.monotonic() of the first signal
         self._previous: dict[int, object] = {}
 
     @property
@@ -66,4 +64,4 @@ class StopRequest:
         if self.signum is not None and signum == signal.SIGINT:
             raise KeyboardInterrupt  # a second Ctrl+C: stop now, without saving
         if self.signum is None:
-            self.signum, self.received_at = signum, time.monotonic()
+            self.signum = signum

@@ -24,7 +24,7 @@ call), ``launch_bound`` (inside an operator that was still enqueueing) and ``oth
 
 Example::
 
-    from template.perf.idle import analyze_trace
+    from gpu_busy.idle import analyze_trace
     result = analyze_trace("runs/default/version_0/traces/rank0-step100.pt.trace.json")
     print(result.span_ms, result.busy_ms, result.idle_ms, result.causes)
     for step in result.steps:
@@ -41,7 +41,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from template.perf.idle.intervals import CAUSES, Interval, gaps, merge, overlap_length
+from gpu_busy.idle.intervals import CAUSES, Interval, gaps, merge, overlap_length
 
 DEVICE_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 _LAUNCH_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver"})

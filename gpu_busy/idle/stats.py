@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from template.perf.idle.intervals import CAUSES
-from template.perf.idle.step_timer import StepTiming
-from template.perf.window_sums import WindowSums
+from gpu_busy.idle.intervals import CAUSES
+from gpu_busy.idle.step_timer import StepTiming
+from gpu_busy.window_sums import WindowSums
 
 # The figures that need a GPU queue: None on a host clock.
 GPU_ONLY = ("sync_stall_ms", "launch_bound_ms")

@@ -3,7 +3,7 @@
 Without it, the ranks that did not fail sit in their next collective: with gloo until
 the closed connection surfaces as a "Connection closed by peer" traceback that names
 nobody, with NCCL for the process group's timeout (30 minutes by default). With it
-(a :class:`~template.faults.peer_watch.PeerWatch` on every rank):
+(a :class:`~gpu_busy.faults.peer_watch.PeerWatch` on every rank):
 
 - a rank that raises records why before it unwinds, and prints its own traceback;
 - the others see that record within ``poll_interval`` seconds, and one of them (rank
@@ -30,10 +30,10 @@ import lightning.pytorch as pl
 import torch
 import torch.distributed as dist
 
-from template import lightning_compat as compat
-from template.errors import TrainingStopped
-from template.faults.peer_watch import PeerWatch
-from template.log import get_logger
+from gpu_busy import lightning_compat as compat
+from gpu_busy.faults.peer_watch import PeerWatch
+from gpu_busy.faults.training_stopped import TrainingStopped
+from gpu_busy.log import get_logger
 
 log = get_logger(__name__)
 

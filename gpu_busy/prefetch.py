@@ -45,8 +45,8 @@ from typing import Any
 import torch
 from lightning_utilities.core.apply_func import apply_to_collection
 
-from template.perf.events import EventPool
-from template.perf.window_sums import WindowSums
+from gpu_busy.event_pool import EventPool
+from gpu_busy.window_sums import WindowSums
 
 PAGEABLE_WARNING = (
     "batches reach the prefetcher in pageable host memory, where a non_blocking copy "

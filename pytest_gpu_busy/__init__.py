@@ -1,6 +1,6 @@
 """A pytest fixture that fails a test on any host-device sync, listing the lines.
 
-Enable it in your ``conftest.py`` with ``pytest_plugins = ["template.perf.pytest_plugin"]``.
+Enable it in your ``conftest.py`` with ``pytest_plugins = ["pytest_gpu_busy"]``.
 
 Example::
 
@@ -17,7 +17,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from template.perf.syncs import describe, detect_syncs
+from gpu_busy.syncs.detector import describe, detect_syncs
 
 
 @pytest.fixture

@@ -36,7 +36,7 @@ caught. With ``device_type="cpu"`` every CPU tensor counts as device memory: the
 code finds the same lines on a machine without a GPU (the CUDA layer is then off).
 
 The detector is slow while active (a Python call per aten op): watch a sample of steps,
-as ``template.callbacks.SyncPointDetector`` does.
+as ``gpu_busy.callbacks.SyncPointDetector`` does.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from template.perf.cuda_sync_warnings import cuda_sync_warnings
+from gpu_busy.cuda_sync_warnings import cuda_sync_warnings
 
 T = TypeVar("T")
 
@@ -109,7 +109,12 @@ class SyncEvent:
 # -- what counts as user code --------------------------------------------------------
 
 # With a trailing separator: "torchmetrics/" must not pass for "torch/".
-_PERF_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_SYNCS_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+# The measuring package counts as a library, wherever it is installed (an editable install
+# is not under site-packages); its Lightning callbacks do not: a sync one of them makes
+# on a logging step is reported at its line, so it can be seen and judged.
+_PACKAGE_DIR = os.path.dirname(_SYNCS_DIR.rstrip(os.sep)) + os.sep
+_CALLBACKS_DIR = _PACKAGE_DIR + "callbacks" + os.sep
 _STDLIB_DIRS = tuple(
     {os.path.abspath(p) for p in (sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib"))}
 )
@@ -125,7 +130,7 @@ def _is_library(filename: str) -> bool:
         path = os.path.abspath(filename) if not filename.startswith("<") else filename
         known = (
             filename.startswith("<frozen")
-            or path.startswith(_PERF_DIR)
+            or (path.startswith(_PACKAGE_DIR) and not path.startswith(_CALLBACKS_DIR))
             or bool(_SITE.search(path))
             or path.startswith(_STDLIB_DIRS)
         )
@@ -338,7 +343,7 @@ def _event_here(op: str, phase: str, aten: str | None, simulated: bool = False) 
                 op, filename, frame.f_lineno, frame.f_code.co_name, code, phase, aten,
                 tuple(chain[:12]), via, simulated,
             )  # fmt: skip
-        if not filename.startswith(_PERF_DIR):
+        if not filename.startswith(_SYNCS_DIR):
             where = f"{_short_path(filename)}:{frame.f_lineno} in {frame.f_code.co_name}"
             chain.append(where)
             if via is None and not filename.startswith(_TORCH_DIR):

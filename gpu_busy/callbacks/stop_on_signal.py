@@ -34,10 +34,10 @@ from pathlib import Path
 import lightning.pytorch as pl
 import torch
 
-from template import lightning_compat as compat
-from template.errors import TrainingStopped
-from template.faults.stop_request import StopRequest
-from template.log import get_logger
+from gpu_busy import lightning_compat as compat
+from gpu_busy.faults.stop_request import StopRequest
+from gpu_busy.faults.training_stopped import TrainingStopped
+from gpu_busy.log import get_logger
 
 log = get_logger(__name__)
 
@@ -94,6 +94,7 @@ class StopOnSignal(pl.Callback):
             f"stopped by {name} at step {trainer.global_step}; saved {path} "
             "(resume with --ckpt_path last)",
             exit_code=128 + signum,
+            failure=False,
         )
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

@@ -16,24 +16,24 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from template.perf.syncs import SyncEvent
+from gpu_busy.syncs.detector import SyncEvent
 
 # Lightning's own reads, recognised by a function in the library chain (first match wins).
 _CHAIN_HINTS = (
     (
         "_broadcast_sigterm_tensor",
-        "Lightning's per-step DDP SIGTERM check: add template.callbacks.StopOnSignal "
+        "Lightning's per-step DDP SIGTERM check: add gpu_busy.callbacks.StopOnSignal "
         "(on in the default config), which checks every N steps instead",
     ),
     (
         "in on_batch_end",
         "Lightning converts prog_bar=True metrics after every step (an .item() each): log "
-        "without prog_bar and show them with template.callbacks.LoggingStepProgressBar",
+        "without prog_bar and show them with gpu_busy.callbacks.LoggingStepProgressBar",
     ),
     (
         "progress_bar_metrics",
         "the progress bar reads prog_bar metrics when it refreshes: use "
-        "template.callbacks.LoggingStepProgressBar",
+        "gpu_busy.callbacks.LoggingStepProgressBar",
     ),
     (
         "update_train_step_metrics",

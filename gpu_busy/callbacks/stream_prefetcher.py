@@ -12,7 +12,7 @@ Example::
 
     trainer = Trainer(callbacks=[StreamPrefetcher()])      # depth=1, pins if needed
     # or in a LightningCLI config:
-    #   - class_path: template.callbacks.StreamPrefetcher
+    #   - class_path: gpu_busy.callbacks.StreamPrefetcher
 
 Works for fit (training and validation), validate, test and predict; on a CPU the same
 look-ahead runs with plain moves and no CUDA streams.
@@ -44,9 +44,10 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.utilities.model_helpers import is_overridden
 
-from template import lightning_compat as compat
-from template.log import get_logger
-from template.perf.prefetch import PrefetchIterator, PrefetchStats, StreamCopier
+from gpu_busy import batch_routing
+from gpu_busy import lightning_compat as compat
+from gpu_busy.log import get_logger
+from gpu_busy.prefetch import PrefetchIterator, PrefetchStats, StreamCopier
 
 log = get_logger(__name__)
 
@@ -100,7 +101,7 @@ class StreamPrefetcher(pl.Callback):
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         for loader in self._routed:
-            compat.unroute(loader)
+            batch_routing.unroute(loader)
         self._routed.clear()
         if self._copier is not None:
             self._copier.close()
@@ -143,7 +144,7 @@ class StreamPrefetcher(pl.Callback):
             limit = max(0, min(ends) - fetched) if ends else None
             return PrefetchIterator(items, self._copier, depth=self.depth, limit=limit, stats=stats)
 
-        loader = compat.route_batches(loop, make_iterator)
+        loader = batch_routing.route_batches(loop, make_iterator)
         if loader is not None and loader not in self._routed:
             self._routed.append(loader)
 

@@ -2,7 +2,7 @@
 
 PyTorch's sync debug mode warns just before every synchronizing CUDA call (``.item()``,
 ``.cpu()``, ``nonzero``, stream and device synchronize); a step without syncs pays
-nothing. ``SyncMarks`` keeps the host time of each (``template.perf.cuda_sync_warnings``),
+nothing. ``SyncMarks`` keeps the host time of each (``gpu_busy.cuda_sync_warnings``),
 which ``StepTimer`` uses to tell a sync stall from other idle. Nothing is printed; a
 mode the user chose ("error") is left alone; ``close()`` restores everything.
 
@@ -22,7 +22,7 @@ from collections import deque
 
 import torch
 
-from template.perf.cuda_sync_warnings import cuda_sync_warnings
+from gpu_busy.cuda_sync_warnings import cuda_sync_warnings
 
 
 class SyncMarks:

@@ -20,8 +20,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from template.perf.idle.intervals import CAUSES
-from template.perf.idle.stats import IdleStats, StepSeries
+from gpu_busy.idle.intervals import CAUSES
+from gpu_busy.idle.stats import IdleStats, StepSeries
 
 _CAUSE_LABELS = {
     "data_wait": "data wait",

@@ -1,0 +1,115 @@
+"""Route a Lightning loop's batches through iterators of your own, stacked in layers.
+
+Lightning's fetchers call ``next()`` on the loop's CombinedLoader (``iter()`` returns
+the loader itself) and create a fresh inner iterator on every ``iter()``, sometimes
+with no callback hook between that ``iter()`` and the first ``next()``. So a callback
+cannot swap an iterator in from a hook; instead the CombinedLoader object gets a
+subclass whose ``__next__`` pulls its own items through the routed layers, built
+lazily at the first ``next()`` after each ``iter()``. Several callbacks can route the
+same loader: each owns a named layer, stacked by ``position`` (0 is next to the
+DataLoader). ``unroute`` removes a layer, and restores the original class with the last.
+
+Example::
+
+    loader = route_batches(trainer.fit_loop, lambda items: TimedReads(items, timer),
+                           layer="idle", position=0)
+    ...
+    unroute(loader, layer="idle")
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from gpu_busy import lightning_compat as compat
+
+_routed_classes: dict[type, type] = {}
+
+
+def _routed_class(base: type) -> type:
+    """``base`` with ``next()`` going through the layers in ``_tpl_layers``.
+
+    Single inheritance on purpose: CPython refuses ``__class__`` assignment to a class
+    with an extra base (the instance layout check fails).
+    """
+    if base not in _routed_classes:
+
+        class Routed(base):
+            _tpl_base = base
+            _tpl_iterator: Iterator | None = None
+
+            def __iter__(self):
+                self._tpl_iterator = None
+                return base.__iter__(self)
+
+            def __next__(self):
+                if self._tpl_iterator is None:
+                    items = _own_items(self, base)
+                    for _, make_iterator in sorted(self._tpl_layers.values(), key=_position):
+                        items = make_iterator(items)
+                    self._tpl_iterator = items
+                return next(self._tpl_iterator)
+
+            def reset(self) -> None:
+                self._tpl_iterator = None
+                base.reset(self)
+
+        Routed.__name__ = Routed.__qualname__ = f"Routed{base.__name__}"
+        _routed_classes[base] = Routed
+    return _routed_classes[base]
+
+
+def _position(layer: tuple[int, Callable]) -> int:
+    return layer[0]
+
+
+def _own_items(loader: Any, base: type) -> Iterator:
+    while True:
+        try:
+            item = base.__next__(loader)
+        except StopIteration:
+            return
+        yield item
+
+
+def _is_routed(loader: Any) -> bool:
+    return "_tpl_base" in type(loader).__dict__
+
+
+def route_batches(
+    loop: Any,
+    make_iterator: Callable[[Iterator], Iterator],
+    *,
+    layer: str = "prefetch",
+    position: int = 1,
+) -> Any | None:
+    """From the loop's next pass on, its batches come through ``make_iterator(items)``.
+
+    ``items`` yields what the layer below yields, at the bottom what Lightning's
+    CombinedLoader would have yielded, ``(batch, batch_idx, dataloader_idx)``. Layers
+    stack by ``position``, lowest next to the DataLoader. Returns the loader (for
+    ``unroute``), or None when the loop has no loader yet. Routing the same ``layer``
+    again only replaces its ``make_iterator``.
+    """
+    loader = compat.combined_loader(loop)
+    if loader is None:
+        return None
+    if not _is_routed(loader):
+        loader.__class__ = _routed_class(type(loader))
+        loader._tpl_iterator = None
+        loader._tpl_layers = {}
+    loader._tpl_layers[layer] = (position, make_iterator)
+    return loader
+
+
+def unroute(loader: Any, layer: str = "prefetch") -> None:
+    """Remove ``layer`` from a loader routed by ``route_batches``; the last one out restores
+    the loader's own class."""
+    if not _is_routed(loader):
+        return
+    loader._tpl_layers.pop(layer, None)
+    if not loader._tpl_layers:
+        loader.__class__ = type(loader)._tpl_base
+        for name in ("_tpl_iterator", "_tpl_layers"):
+            loader.__dict__.pop(name, None)

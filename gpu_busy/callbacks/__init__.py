@@ -1,0 +1,24 @@
+"""Lightning callbacks: thin adapters over the mechanisms in ``gpu_busy.syncs`` and
+``gpu_busy.faults``."""
+
+from gpu_busy.callbacks.checkpoint_rng_state import CheckpointRngState
+from gpu_busy.callbacks.idle_time_monitor import IdleTimeMonitor
+from gpu_busy.callbacks.nonfinite_loss import StopOnNonFiniteLoss
+from gpu_busy.callbacks.progress_bar import LoggingStepProgressBar
+from gpu_busy.callbacks.rank_failure import StopOnRankFailure
+from gpu_busy.callbacks.run_summary import RunSummary
+from gpu_busy.callbacks.stop_on_signal import StopOnSignal
+from gpu_busy.callbacks.stream_prefetcher import StreamPrefetcher
+from gpu_busy.callbacks.sync_point_detector import SyncPointDetector
+
+__all__ = [
+    "CheckpointRngState",
+    "IdleTimeMonitor",
+    "LoggingStepProgressBar",
+    "RunSummary",
+    "StopOnNonFiniteLoss",
+    "StopOnRankFailure",
+    "StopOnSignal",
+    "StreamPrefetcher",
+    "SyncPointDetector",
+]

@@ -152,8 +152,8 @@ def measure_cost(device: str, steps: int, repeats: int) -> dict:
             if mode in medians:
                 medians[mode].append(statistics.median(clock.step_ms()))
             if mode == "sampled":
-                estimates.append(detector.summary())
-                watched = detector.summary()["watched_steps"] - 1  # step 0 is not timed
+                estimates.append(detector.report)
+                watched = detector.report["watched_steps"] - 1  # step 0 is not timed
             if mode == "every":
                 extra_ms = medians["every"][-1] - medians["off"][-1]
                 from_medians.append(watched * extra_ms / (medians["off"][-1] * (steps - 1)))
@@ -200,7 +200,7 @@ def count_syncs(device: str, steps: int) -> dict:
 def sync_figures(detector: SyncPointDetector) -> dict:
     """Syncs per watched and per steady step after a fit, all and real (not simulated)."""
     rows = detector.report_table.rows()
-    summary = detector.summary()
+    summary = detector.report
     watched, steady = summary["watched_steps"], summary["steady_watched_steps"]
     real = [r for r in rows if not r["simulated"]]
     return {

@@ -57,15 +57,14 @@ PAGEABLE_WARNING = (
 
 @dataclass
 class PrefetchStats(WindowSums):
-    """Sums over a window of steps. ``means()`` turns them into per-step figures.
+    """Sums over the batches handed out in a window. ``means()`` gives per-copy figures.
 
     ``copy_ms`` is device time on the side stream (CUDA events) or host time of the
     synchronous move elsewhere. ``exposed_copy_ms`` is how long the compute stream had to
     wait for a copy to finish: CUDA only, so ``exposed_copies`` stays 0 on a CPU.
     """
 
-    steps: int = 0
-    data_wait_ms: float = 0.0
+    batches: int = 0
     copies: int = 0
     copy_ms: float = 0.0
     exposed_copies: int = 0
@@ -73,18 +72,20 @@ class PrefetchStats(WindowSums):
     pageable_batches: int = 0
 
     def means(self) -> dict[str, float | None]:
-        """Per-step data wait, per-copy time, exposed time and hidden share; None = n/a."""
+        """Per-copy time, exposed time and hidden share; None = n/a."""
         copy = self.copy_ms / self.copies if self.copies else None
         exposed = self.exposed_copy_ms / self.exposed_copies if self.exposed_copies else None
         hidden = None
         if self.exposed_copies and self.copy_ms > 0:
             hidden = 100.0 * max(0.0, 1.0 - self.exposed_copy_ms / self.copy_ms)
         return {
-            "data_wait_ms": self.data_wait_ms / self.steps if self.steps else None,
             "copy_ms": copy,
             "exposed_copy_ms": exposed,
             "hidden_copy_pct": hidden,
         }
+
+    def counts(self) -> dict[str, int]:
+        return {"batches": self.batches, "pageable_batches": self.pageable_batches}
 
 
 @dataclass
@@ -264,7 +265,7 @@ class PrefetchIterator(Iterator):
     The copy of item N+1 is issued inside the call that returns item N, i.e. before the
     caller enqueues the work that uses item N. ``limit`` caps how many items are read
     from ``source`` (so a consumer that will stop after k items never causes item k+1 to
-    be read). Per call, the host's wait for ``source`` goes into ``stats``.
+    be read). Each batch handed out, and its copy's timing, goes into ``stats``.
     """
 
     def __init__(
@@ -286,10 +287,8 @@ class PrefetchIterator(Iterator):
         self.reads = 0
         self._queue: deque[InFlightBatch] = deque()
         self._exhausted = False
-        self._waited_ms = 0.0
 
     def __next__(self) -> Any:
-        self._waited_ms = 0.0
         if not self._queue:
             self._read()  # the first item, or the source could not keep ahead
         if not self._queue:
@@ -297,21 +296,17 @@ class PrefetchIterator(Iterator):
         current = self._queue.popleft()
         while len(self._queue) < self.depth and self._read():
             pass
-        self.stats.steps += 1
-        self.stats.data_wait_ms += self._waited_ms
+        self.stats.batches += 1
         return self.copier.finish(current, self.stats)
 
     def _read(self) -> bool:
         if self._exhausted or (self.limit is not None and self.reads >= self.limit):
             return False
-        t0 = time.perf_counter()
         try:
             item = next(self._source)
         except StopIteration:
             self._exhausted = True
             return False
-        finally:
-            self._waited_ms += 1e3 * (time.perf_counter() - t0)
         self.reads += 1
         self._queue.append(self.copier.start(item))
         return True

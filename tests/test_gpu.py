@@ -160,7 +160,7 @@ def test_callback_on_cuda_delivers_the_same_batches_and_measures_exposure(tmp_pa
     plain = fit([], pin=True)
     prefetch = StreamPrefetcher()
     assert fit([prefetch], pin=True) == plain
-    summary = prefetch.summary()
+    summary = prefetch.report
     assert summary["exposed_copy_ms"] is not None and summary["hidden_copy_pct"] is not None
     assert summary["pageable_batches"] == 0
 
@@ -169,7 +169,7 @@ def test_callback_on_cuda_delivers_the_same_batches_and_measures_exposure(tmp_pa
     with pytest.warns(UserWarning, match="pin_memory=True") as record:
         assert fit([unpinned], pin=False) == plain
     assert sum("pin_memory=True" in str(w.message) for w in record) == 1
-    assert unpinned.summary()["pageable_batches"] > 0
+    assert unpinned.report["pageable_batches"] > 0
 
 
 # -- sync detection on CUDA ------------------------------------------------------------
@@ -287,7 +287,7 @@ def test_idle_monitor_on_cuda_times_with_events_and_traces_device_work(in_tmp):
     assert report["clock"] == "cuda events"
     mean = report["mean"]
     assert mean["device_ms"] > 0 and mean["sync_stall_ms"] is not None
-    assert mean["syncs_per_step"] is not None
+    assert mean["cuda_syncs_per_step"] is not None
     trace = report["traces"][0]
     assert trace["device_events"] > 0 and trace["busy_ms"] > 0
     assert trace["span_ms"] == pytest.approx(trace["busy_ms"] + trace["idle_ms"])

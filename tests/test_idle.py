@@ -207,16 +207,16 @@ def test_host_clock_timer_measures_data_wait_idle_and_step_time():
     first, rest = done[0], done[1:]
     assert first.idle_ms is None and first.device_ms >= 9.5  # no step boundary before it
     for t in rest:
-        assert t.data_wait_ms >= 19.5 and t.device_ms >= 9.5
-        assert t.idle_ms >= t.data_wait_ms  # idle covers the read, plus loop overhead
-        assert t.causes["data_wait"] == pytest.approx(t.data_wait_ms, abs=0.2)
+        assert t.loader_wait_ms >= 19.5 and t.device_ms >= 9.5
+        assert t.idle_ms >= t.loader_wait_ms  # idle covers the read, plus loop overhead
+        assert t.causes["data_wait"] == pytest.approx(t.loader_wait_ms, abs=0.2)
         assert t.causes["sync_stall"] is None and t.causes["launch_bound"] is None
     stats = IdleStats()
     for t in done:
         stats.add_step(t)
     means = stats.means(cuda=False)
     assert stats.steps == 5 and stats.timed_steps == 4
-    assert means["sync_stall_ms"] is None and means["syncs_per_step"] is None
+    assert means["idle_sync_stall_ms"] is None and means["cuda_syncs_per_step"] is None
     assert 50 < means["idle_pct"] < 80  # 20 ms of data per 10 ms of compute
 
 
@@ -296,7 +296,7 @@ def test_cuda_timer_reads_back_lazily_and_holds_a_bounded_number_of_events(scrip
     for step in range(5):
         base = 10.0 * step  # device ms: 2 ms idle, 1 ms transfer, 7 ms step
         gpu.times += [base + 2, base + 3, base + 10]
-        timer.data_wait(0.0, 0.0)
+        timer.loader_wait(0.0, 0.0)
         timer.start_step()
         timer.end_step()
         assert timer.poll() == []  # the GPU has not got there yet: nothing blocks
@@ -341,7 +341,7 @@ def _one_gap(scripted, *, gpu_drains_at, syncs=(), step_end_host=100.0, ready_ho
         gpu.times += [0.0, 50.0, 50.0 + idle, 51.0 + idle, 60.0 + idle]
         timer.start_step()
         timer.end_step()
-        timer.data_wait(ready_host / 1e3 - 0.002, ready_host / 1e3)  # 2 ms of data wait
+        timer.loader_wait(ready_host / 1e3 - 0.002, ready_host / 1e3)  # 2 ms of data wait
         timer.start_step()
         timer.end_step()
     finally:
@@ -376,11 +376,11 @@ def test_cuda_causes_launch_bound_when_the_gpu_ran_dry_before_the_step_was_enque
 
 
 def test_idle_stats_travel_as_a_flat_list_and_series_stay_bounded():
-    s = IdleStats(steps=3, timed_steps=2, idle_ms=4.0, device_ms=16.0, data_wait_ms=4.0)
+    s = IdleStats(steps=3, timed_steps=2, idle_ms=4.0, device_ms=16.0, idle_data_wait_ms=4.0)
     assert IdleStats.from_list(s.as_list()) == s
     assert s.means(cuda=True)["idle_pct"] == pytest.approx(20.0)
     assert s.take() == IdleStats(steps=3, timed_steps=2, idle_ms=4.0, device_ms=16.0,
-                                 data_wait_ms=4.0) and s == IdleStats()  # fmt: skip
+                                 idle_data_wait_ms=4.0) and s == IdleStats()  # fmt: skip
     from gpu_busy.idle import StepTiming
 
     series = StepSeries(capacity=64)
@@ -389,16 +389,19 @@ def test_idle_stats_travel_as_a_flat_list_and_series_stay_bounded():
     assert len(series.rows) < 64 and series.rows[-1][0] > 900
 
 
-def test_report_names_the_slowest_rank_and_reads_na_for_gpu_figures_on_a_host_clock(tmp_path):
-    fast = IdleStats(steps=10, timed_steps=10, idle_ms=10.0, device_ms=90.0, other_ms=10.0)
-    slow = IdleStats(steps=10, timed_steps=10, idle_ms=40.0, device_ms=60.0, data_wait_ms=40.0)
+def test_report_gives_each_figures_rank_max_and_reads_na_for_gpu_figures_on_a_host_clock(
+    tmp_path,
+):
+    fast = IdleStats(steps=10, timed_steps=10, idle_ms=10.0, device_ms=90.0, idle_other_ms=10.0)
+    slow = IdleStats(steps=10, timed_steps=10, idle_ms=40.0, device_ms=60.0, idle_data_wait_ms=40.0)
     report = build_report([fast, slow], cuda=False, clock="host clock")
-    assert report["slowest_rank"]["rank"] == 1
-    assert report["slowest_rank"]["idle_pct"] == pytest.approx(40.0)
+    assert [r["rank"] for r in report["ranks"]] == [0, 1]
+    assert report["rank_max"]["idle_pct"] == pytest.approx(40.0)
+    assert report["rank_max"]["device_ms"] == pytest.approx(9.0)  # rank 0's: per figure
     assert report["mean"]["idle_pct"] == pytest.approx(25.0)
-    assert report["mean"]["sync_stall_ms"] is None
+    assert report["mean"]["idle_sync_stall_ms"] is None
     text = "\n".join(render_table(report))
-    assert "rank 1" in text and "n/a" in text and "25.00%" in text
+    assert "rank max" in text and "n/a" in text and "25.00%" in text and "40.00%" in text
     json.dumps(report)  # JSON-ready
     rows = {0: [[float(i), 0.5, 0.1, 9.0, 1.0, 0.0, 0.0, 0.5] for i in range(20)]}
     path = save_picture(rows, tmp_path / "idle.png")
@@ -427,15 +430,16 @@ def test_idle_monitor_logs_reports_and_captures_a_profiler_window(tmp_path, monk
     assert report["clock"] == "host clock" and report["world_size"] == 1
     mean = report["mean"]
     assert mean["idle_pct"] is not None and 0 <= mean["idle_pct"] < 100
-    assert mean["sync_stall_ms"] is None and mean["launch_bound_ms"] is None
-    assert sum(mean[f"{c}_ms"] or 0 for c in CAUSES) == pytest.approx(mean["idle_ms"])
-    # The prefetcher's and the sync detector's figures are in the same report.
-    assert report["prefetch"]["steps"] == 24 and report["syncs"]["watched_steps"] >= 3
+    assert mean["idle_sync_stall_ms"] is None and mean["idle_launch_bound_ms"] is None
+    assert sum(mean[f"idle_{c}_ms"] or 0 for c in CAUSES) == pytest.approx(mean["idle_ms"])
+    # The prefetcher and the sync detector write their own files, through the same writer.
+    assert json.loads((run / "prefetch.json").read_text())["batches"] == 24
+    assert json.loads((run / "syncs.json").read_text())["summary"]["watched_steps"] >= 3
     # Profiler windows at steps 8 and 16 (plus a warm-up step each): saved and analysed.
     traces = sorted((run / "traces").glob("rank0-step*.pt.trace.json"))
     assert [t["first_step"] for t in report["traces"]] == [9, 17]
     assert len(traces) == 2 and report["traces"][0]["device_events"] == 0
     assert (run / "idle.png").read_bytes()[:4] == b"\x89PNG"
     header = (run / "metrics.csv").read_text().splitlines()[0]
-    assert "idle/idle_pct" in header and "idle/host_data_wait_ms" in header
-    assert "idle/sync_stall_ms" not in header  # n/a on a host clock: not logged as a number
+    assert "idle/idle_pct" in header and "idle/loader_wait_ms" in header
+    assert "idle/idle_sync_stall_ms" not in header  # n/a on a host clock: not logged as a number

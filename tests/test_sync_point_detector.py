@@ -86,7 +86,7 @@ def test_strict_stops_at_the_first_sync_naming_the_line(tmp_path):
 def test_default_sampling_stays_within_budget_and_watches_the_first_steps(tmp_path):
     detector = SyncPointDetector()
     _fit(tmp_path, ImageClassifier(width=4), [detector], limit_train_batches=16, max_epochs=2)
-    report = detector.summary()
+    report = detector.report
     assert report["steps"] == 32
     assert 3 <= report["watched_steps"] < 32
     assert report["interval"] is not None and report["interval"] >= 2
@@ -172,4 +172,4 @@ def test_a_second_fit_reports_its_own_sites_only(tmp_path):
     for run in ("first", "second"):
         _fit(tmp_path / run, ItemInStep(width=4), [detector])
         (site,) = [s for s in detector.report_table.sites.values() if ".item()" in s.code]
-        assert site.count == 12 and detector.summary()["watched_steps"] == 12
+        assert site.count == 12 and detector.report["watched_steps"] == 12

@@ -31,11 +31,11 @@ manual optimisation), up to ``depth`` batches already read are dropped unused. F
 iterable datasets without a length, Lightning itself reads one batch ahead; the
 prefetcher reads ``depth`` more.
 
-Figures. Per logging window: the host's wait for the DataLoader per step, the copy's time
-on the side stream, how much of it the compute stream had to wait for (exposed) and the
-share hidden behind compute. Read back from CUDA events with ``query()``, never a sync;
-reduced over ranks (mean, and the slowest rank's data wait); written by rank zero under
-``prefetch/``.
+Figures. Per logging window: the copy's time on the side stream, how much of it the
+compute stream had to wait for (exposed) and the share hidden behind compute. Read back
+from CUDA events with ``query()``, never a sync; reduced over ranks (the mean and, under
+DDP, ``_rank_max``); written by rank zero under ``prefetch/``. The host's wait for the
+DataLoader is the idle monitor's figure (``idle/loader_wait_ms``), timed once there.
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ from lightning.pytorch.utilities.model_helpers import is_overridden
 
 from gpu_busy import batch_routing
 from gpu_busy import lightning_compat as compat
+from gpu_busy.callbacks.ranks import gather_rows, log_metrics, mean_and_max, publish, run_dir
 from gpu_busy.log import get_logger
 from gpu_busy.prefetch import PrefetchIterator, PrefetchStats, StreamCopier
 
@@ -74,6 +75,7 @@ class StreamPrefetcher(pl.Callback):
         self.train_stats = PrefetchStats()  # the current logging window
         self.train_total = PrefetchStats()  # the whole fit, all windows
         self.eval_stats = PrefetchStats()
+        self.report: dict = {}  # whole-fit figures over all ranks, after fit
         self._copier: StreamCopier | None = None
         self._routed: list = []
 
@@ -154,63 +156,35 @@ class StreamPrefetcher(pl.Callback):
         if self.enabled and self.log_stats and compat.is_logging_step(trainer):
             window = self.train_stats.take()
             self.train_total.add(window)
-            self._write(trainer, "prefetch/", self._reduce(trainer, window))
+            figures = mean_and_max([s.means() for s in self._per_rank(trainer, window)])
+            log_metrics(trainer, {f"prefetch/{k}": v for k, v in figures.items()})
 
     def on_train_end(self, trainer, pl_module) -> None:
         if not self.enabled or self._copier is None:
             return
         self._copier.poll(block=True)  # training is over: waiting costs nothing now
         self.train_total.add(self.train_stats.take())
-        total, slowest = self._reduce(trainer, self.train_total)
-        m = total.means()
-        if total.steps:
-            slowest_part = f" (slowest rank {_fmt(slowest)})" if trainer.world_size > 1 else ""
-            log.info(
-                "prefetch: %d batches; data wait %s ms/step%s; copy %s ms/batch, %s exposed, "
-                "%s hidden",
-                total.steps,
-                _fmt(m["data_wait_ms"]),
-                slowest_part,
-                _fmt(m["copy_ms"]),
-                _fmt(m["exposed_copy_ms"], " ms"),
-                _fmt(m["hidden_copy_pct"], "%"),
-            )
-            if total.pageable_batches:
-                log.info("prefetch: %d batches arrived unpinned", total.pageable_batches)
-
-    def summary(self) -> dict[str, float | None]:
-        """Whole-fit figures on this rank (for reports): means plus the raw sums."""
+        per_rank = self._per_rank(trainer, self.train_total)
         total = PrefetchStats()
-        total.add(self.train_total)
-        total.add(self.train_stats)
-        return {**total.means(), "steps": total.steps, "pageable_batches": total.pageable_batches}
-
-    def _reduce(
-        self, trainer: pl.Trainer, stats: PrefetchStats
-    ) -> tuple[PrefetchStats, float | None]:
-        """Sum the window over ranks (every rank calls this) and the slowest rank's wait."""
-        own_wait = stats.data_wait_ms / stats.steps if stats.steps else 0.0
-        if trainer.world_size == 1:
-            return stats, own_wait if stats.steps else None
-        row = torch.tensor(
-            [*stats.as_list(), own_wait], dtype=torch.float64, device=_device(trainer)
-        )
-        rows = trainer.strategy.all_gather(row).reshape(trainer.world_size, -1).cpu()
-        total = PrefetchStats.from_list(rows[:, :-1].sum(0).tolist())
-        return total, float(rows[:, -1].max()) if total.steps else None
-
-    def _write(self, trainer: pl.Trainer, prefix: str, reduced) -> None:
-        total, slowest = reduced
-        if not trainer.is_global_zero or not trainer.loggers:
+        for stats in per_rank:
+            total.add(stats)
+        self.report = {**total.means(), **total.counts()}
+        folder = run_dir(trainer)  # every rank asks: a broadcast under DDP
+        if not total.batches:
             return
-        metrics = {prefix + k: v for k, v in total.means().items() if v is not None}
-        if slowest is not None:
-            metrics[prefix + "data_wait_ms_slowest_rank"] = slowest
-        if metrics:
-            metrics["epoch"] = trainer.current_epoch  # as Lightning's own rows carry it
-            step = compat.logger_step(trainer)
-            for logger in trainer.loggers:
-                logger.log_metrics(metrics, step=step)
+        m = total.means()
+        lines = [
+            f"prefetch: {total.batches} batches; copy {_fmt(m['copy_ms'], ' ms')}/batch, "
+            f"{_fmt(m['exposed_copy_ms'], ' ms')} exposed, {_fmt(m['hidden_copy_pct'], '%')} "
+            "hidden"
+        ]
+        if total.pageable_batches:
+            lines.append(f"prefetch: {total.pageable_batches} batches arrived unpinned")
+        publish(trainer, "prefetch", self.report, lines, folder)
+
+    @staticmethod
+    def _per_rank(trainer: pl.Trainer, stats: PrefetchStats) -> list[PrefetchStats]:
+        return [PrefetchStats.from_list(r) for r in gather_rows(trainer, stats.as_list())]
 
 
 def _device(trainer: pl.Trainer) -> torch.device:

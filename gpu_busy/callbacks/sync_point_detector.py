@@ -30,22 +30,30 @@ CI run finds the same lines a GPU run would.
 
 from __future__ import annotations
 
-import json
 import time
-from pathlib import Path
+from dataclasses import dataclass
 
 import lightning.pytorch as pl
-import torch
 
 from gpu_busy import lightning_compat as compat
-from gpu_busy.log import get_logger
+from gpu_busy.callbacks.ranks import gather_objects, gather_rows, log_metrics, publish, run_dir
 from gpu_busy.syncs.detector import SyncDetector
 from gpu_busy.syncs.sampling import WatchSchedule
 from gpu_busy.syncs.sites import SyncSiteTable
-
-log = get_logger(__name__)
+from gpu_busy.window_sums import WindowSums
 
 _MAX_ROWS = 64  # per-step counts sent per logging window (a fixed size for all_gather)
+
+
+@dataclass
+class WatchedSums(WindowSums):
+    """Watched steps and the syncs in them, all and steady (neither a logging step nor
+    right after one)."""
+
+    watched: int = 0
+    syncs: int = 0
+    steady_watched: int = 0
+    steady_syncs: int = 0
 
 
 class SyncPointDetector(pl.Callback):
@@ -87,7 +95,7 @@ class SyncPointDetector(pl.Callback):
         self._due = False  # the next step is to be watched
         # (logger step, epoch, syncs, steady) of the watched steps since the last log
         self._rows: list[tuple[int, int, int, bool]] = []
-        self._totals = [0, 0, 0, 0]  # watched, syncs, steady watched, steady syncs
+        self.totals = WatchedSums()  # this rank's, in this fit
         self._costs: tuple[float | None, float | None] = (None, None)  # watched, plain (s)
 
     # -- the watched window --------------------------------------------------------
@@ -137,10 +145,7 @@ class SyncPointDetector(pl.Callback):
             step = compat.logger_step(trainer)
             self.table.add_all(events, step=step, logging=not steady)
             self._rows.append((step, trainer.current_epoch, len(events), steady))
-            self._totals[0] += 1
-            self._totals[1] += len(events)
-            self._totals[2] += int(steady)
-            self._totals[3] += len(events) if steady else 0
+            self.totals.add(WatchedSums(1, len(events), int(steady), len(events) if steady else 0))
         if self._window_start is not None:
             seconds = now - self._window_start
             comparable = self._clean and not (logging_now or self._after_logging)
@@ -215,93 +220,67 @@ class SyncPointDetector(pl.Callback):
             *[float(r[2]) for r in rows],
             *[0.0] * (_MAX_ROWS - len(rows)),
         ]
-        gathered = _gather(trainer, own)
+        gathered = gather_rows(trainer, own)
         # Every rank watched the same steps; the costliest rank's figures set the schedule.
         watched_s, plain_s = _costliest(gathered)
         self.schedule.update(watched_s, plain_s)
         self._costs = (watched_s, plain_s)
-        if not (self.log_stats and trainer.is_global_zero and trainer.loggers):
+        if not self.log_stats:
             return
         n = int(gathered[0][0])
         world = len(gathered)
         per_step = [sum(r[4 + i] for r in gathered) / world for i in range(n)]
-        # "epoch" as Lightning's own rows carry it
-        for (step, epoch, _, _), count in zip(rows, per_step, strict=False):
-            for logger in trainer.loggers:
-                logger.log_metrics({"syncs/count": count, "epoch": epoch}, step=step)
+        for (step, _, _, _), count in zip(rows, per_step, strict=False):
+            log_metrics(trainer, {"syncs/count": count}, step=step)
         if n:
-            metrics = {"syncs/per_step": sum(per_step) / n, "epoch": trainer.current_epoch}
             steady = [c for (*_, s), c in zip(rows, per_step, strict=False) if s]
-            if steady:
-                metrics["syncs/per_steady_step"] = sum(steady) / len(steady)
-            for logger in trainer.loggers:
-                logger.log_metrics(metrics, step=compat.logger_step(trainer))
+            log_metrics(
+                trainer,
+                {
+                    "syncs/per_step": sum(per_step) / n,
+                    "syncs/per_steady_step": sum(steady) / len(steady) if steady else None,
+                },
+            )
 
     def on_train_end(self, trainer, pl_module) -> None:
         self._stop(keep=False)
-        totals = [float(x) for x in self._totals]
-        if trainer.world_size > 1 and torch.distributed.is_initialized():
-            tables: list = [None] * trainer.world_size
-            torch.distributed.all_gather_object(tables, self.table.rows())
-            merged = SyncSiteTable()
-            for rows in tables:
-                merged.merge(rows)
-            totals = [sum(col) for col in zip(*_gather(trainer, totals), strict=True)]
-        else:
-            merged = self.table
+        merged = SyncSiteTable()
+        for rows in gather_objects(trainer, self.table.rows()):
+            merged.merge(rows)
+        totals = WatchedSums()
+        for row in gather_rows(trainer, self.totals.as_list()):
+            totals.add(WatchedSums.from_list(row))
         self.report_table = merged
         self.report = self._summary(trainer, totals)
-        # trainer.log_dir is a broadcast under DDP: every rank must ask. Without a logger it
-        # would be the working directory: write nothing then.
-        log_dir = trainer.log_dir if trainer.loggers else None
-        if not trainer.is_global_zero:
-            return
-        if log_dir:  # for CI thresholds and the idle-time report
-            path = Path(log_dir) / "syncs.json"
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps({"summary": self.report, "sites": merged.rows()}, indent=1))
-        log.info(
-            "sync points: %d watched step(s) of %d; %s syncs/step, %s in steady state (not "
-            "logging steps); %s",
-            self.report["watched_steps"],
-            self._step,
-            _number(self.report["syncs_per_step"]),
-            _number(self.report["steady_syncs_per_step"]),
-            _cost(self.report),
+        folder = run_dir(trainer)  # every rank asks: a broadcast under DDP
+        headline = (
+            f"sync points: {self.report['watched_steps']} watched step(s) of {self._step}; "
+            f"{_number(self.report['syncs_per_step'])} syncs/step, "
+            f"{_number(self.report['steady_syncs_per_step'])} in steady state (not logging "
+            f"steps); {_cost(self.report)}"
         )
-        for line in merged.render():
-            log.info("%s", line)
+        report = {"summary": self.report, "sites": merged.rows()}
+        publish(trainer, "syncs", report, [headline, *merged.render()], folder)
 
-    def _summary(self, trainer, totals: list[float]) -> dict:
+    def _summary(self, trainer, totals: WatchedSums) -> dict:
         watched_s, plain_s = self._costs
         ratio = WatchSchedule.overhead(watched_s, plain_s)
         amortised = None
         if ratio is not None:
             # watched steps per rank x their extra time, against this fit's wall time
-            extra_s = totals[0] / trainer.world_size * ratio * plain_s
+            extra_s = totals.watched / trainer.world_size * ratio * plain_s
             amortised = extra_s / max(1e-9, time.perf_counter() - self._fit_start)
         return {
-            "watched_steps": int(totals[0] / trainer.world_size),
-            "steady_watched_steps": int(totals[2] / trainer.world_size),
+            "watched_steps": int(totals.watched / trainer.world_size),
+            "steady_watched_steps": int(totals.steady_watched / trainer.world_size),
             "steps": self._step,
-            "syncs_per_step": _ratio(totals[1], totals[0]),
-            "steady_syncs_per_step": _ratio(totals[3], totals[2]),
+            "syncs_per_step": _ratio(totals.syncs, totals.watched),
+            "steady_syncs_per_step": _ratio(totals.steady_syncs, totals.steady_watched),
             "watched_step_overhead": ratio,
             "amortised_overhead": amortised,
             "interval": self.schedule.interval,
             "sites": len(self.report_table.sites),
         }
-
-    def summary(self) -> dict:
-        """Whole-fit figures (after fit; reduced over ranks) for reports."""
-        return dict(self.report)
-
-
-def _gather(trainer, row: list[float]) -> list[list[float]]:
-    if trainer.world_size == 1:
-        return [row]
-    t = torch.tensor(row, dtype=torch.float64, device=trainer.strategy.root_device)
-    return trainer.strategy.all_gather(t).reshape(trainer.world_size, -1).cpu().tolist()
 
 
 def _costliest(rows: list[list[float]]) -> tuple[float | None, float | None]:

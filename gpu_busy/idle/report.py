@@ -1,10 +1,10 @@
-"""The end-of-run idle report: one table, one JSON file, one picture, for all ranks.
+"""The end-of-run idle report: one table, one JSON-ready dict, one picture, for all ranks.
 
-``build_report`` takes each rank's whole-run ``IdleStats`` (and, when those tools ran,
-the prefetcher's and the sync detector's figures and the analysed profiler windows) and
-returns a JSON-ready dict: the mean over ranks, the slowest rank (highest idle share) and
-every rank's own figures. ``render_table`` prints it; ``save_picture`` draws the per-step
-time breakdown (matplotlib; returns None where it is not installed).
+``build_report`` takes each rank's whole-run ``IdleStats`` (and the analysed profiler
+windows) and returns a JSON-ready dict: the mean over ranks, the largest value any rank
+had (``rank_max``, per figure: the straggler), and every rank's own figures with its rank.
+``render_table`` prints it; ``save_picture`` draws the per-step time breakdown
+(matplotlib; returns None where it is not installed).
 
 Example::
 
@@ -32,73 +32,55 @@ _CAUSE_LABELS = {
 
 
 def build_report(
-    per_rank: list[IdleStats],
-    *,
-    cuda: bool,
-    clock: str,
-    prefetch: dict | None = None,
-    syncs: dict | None = None,
-    traces: list[dict] | None = None,
+    per_rank: list[IdleStats], *, cuda: bool, clock: str, traces: list[dict] | None = None
 ) -> dict[str, Any]:
     total = IdleStats()
     for stats in per_rank:
         total.add(stats)
     ranks = [s.means(cuda) for s in per_rank]
-    shares = [r["idle_pct"] if r["idle_pct"] is not None else -1.0 for r in ranks]
-    slowest = max(range(len(ranks)), key=shares.__getitem__) if ranks else 0
+    rank_max = {
+        key: max((r[key] for r in ranks if r[key] is not None), default=None)
+        for key in (ranks[0] if ranks else {})
+    }
     return {
         "clock": clock,
         "world_size": len(per_rank),
         "steps": per_rank[0].steps if per_rank else 0,
         "timed_steps": per_rank[0].timed_steps if per_rank else 0,
         "mean": total.means(cuda),
-        "slowest_rank": {"rank": slowest, **(ranks[slowest] if ranks else {})},
-        "ranks": ranks,
-        "prefetch": prefetch,
-        "syncs": syncs,
+        "rank_max": rank_max,
+        "ranks": [{"rank": i, **r} for i, r in enumerate(ranks)],
         "traces": traces or [],
     }
 
 
 def render_table(report: dict[str, Any]) -> list[str]:
-    """The report as aligned text lines: mean over ranks, and the slowest rank's figures."""
-    mean, slow = report["mean"], report["slowest_rank"]
+    """The report as aligned text lines: the mean over ranks and, under DDP, the largest
+    value of any rank."""
+    mean, most = report["mean"], report["rank_max"]
     many = report["world_size"] > 1
-    head = f"{'per step':<34}{'mean':>10}"
-    if many:
-        head += f"{'rank ' + str(slow['rank']):>10}"
+    head = f"{'per step':<34}{'mean':>10}" + (f"{'rank max':>10}" if many else "")
     lines = [
         f"idle time: {report['steps']} steps, {report['world_size']} rank(s), "
-        f"timed by {report['clock']}" + ("; slowest rank = most idle" if many else ""),
+        f"timed by {report['clock']}",
         head,
     ]
 
     def row(label: str, key: str, unit: str = " ms") -> None:
         text = f"{label:<34}{_fmt(mean.get(key), unit):>10}"
         if many:
-            text += f"{_fmt(slow.get(key), unit):>10}"
+            text += f"{_fmt(most.get(key), unit):>10}"
         lines.append(text)
 
     row("idle share of device time", "idle_pct", "%")
     row("idle between steps", "idle_ms")
     for cause in CAUSES:
-        row(f"  {_CAUSE_LABELS[cause]}", f"{cause}_ms")
+        row(f"  {_CAUSE_LABELS[cause]}", f"idle_{cause}_ms")
     row("batch transfer on compute stream", "transfer_ms")
     row("step on the device", "device_ms")
     row("host: step", "host_step_ms")
-    row("host: wait for the DataLoader", "host_data_wait_ms")
-    row("syncs started (CUDA sync debug)", "syncs_per_step", "")
-    if p := report.get("prefetch"):
-        lines.append(
-            f"prefetch: copy {_fmt(p.get('copy_ms'), ' ms')}/batch, exposed "
-            f"{_fmt(p.get('exposed_copy_ms'), ' ms')}, hidden {_fmt(p.get('hidden_copy_pct'), '%')}"
-        )
-    if s := report.get("syncs"):
-        lines.append(
-            f"sync detector: {_fmt(s.get('syncs_per_step'), '')} syncs/step in "
-            f"{s.get('watched_steps', 0)} watched step(s), "
-            f"{_fmt(s.get('steady_syncs_per_step'), '')} in steady state"
-        )
+    row("host: wait for the DataLoader", "loader_wait_ms")
+    row("syncs started (CUDA sync debug)", "cuda_syncs_per_step", "")
     for t in report.get("traces", []):
         if not t.get("device_events"):
             lines.append(f"trace {t.get('path', '')}: no device activity (a CPU run): n/a")
@@ -134,7 +116,7 @@ def save_picture(
         ("step on the device", "device_ms", "#4c72b0"),
         ("batch transfer", "transfer_ms", "#8172b3"),
         *[
-            (f"idle: {_CAUSE_LABELS[c]}", f"{c}_ms", colour)
+            (f"idle: {_CAUSE_LABELS[c]}", f"idle_{c}_ms", colour)
             for c, colour in zip(CAUSES, ("#dd8452", "#c44e52", "#937860", "#8c8c8c"), strict=True)
         ],
     ]
@@ -151,7 +133,7 @@ def save_picture(
     top.set_ylabel("device time per step (ms)")
     top.legend(loc="upper right", fontsize=8, ncol=2)
     top.set_title(title or "where each training step's time went")
-    bottom.plot(steps, [r[col["host_data_wait_ms"]] for r in rows], color="#dd8452", lw=1)
+    bottom.plot(steps, [r[col["loader_wait_ms"]] for r in rows], color="#dd8452", lw=1)
     bottom.set_ylabel("host data\nwait (ms)")
     bottom.set_xlabel("training step")
     fig.tight_layout()

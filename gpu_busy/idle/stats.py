@@ -9,7 +9,11 @@ Example::
     window = IdleStats()
     for timing in timer.poll():
         window.add_step(timing)
-    window.means(cuda=True)   # {"idle_pct": 3.1, "idle_ms": 0.4, "data_wait_ms": ...}
+    window.means(cuda=True)   # {"idle_pct": 3.1, "idle_ms": 0.4, "idle_data_wait_ms": ...}
+
+Names: ``loader_wait_ms`` is the host's own wait for the DataLoader (timed once, by the
+step timer); ``idle_<cause>_ms`` is GPU idle time and its share by cause, so
+``idle_data_wait_ms`` is the part of the idle that happened while the host waited.
 """
 
 from __future__ import annotations
@@ -21,28 +25,28 @@ from gpu_busy.idle.step_timer import StepTiming
 from gpu_busy.window_sums import WindowSums
 
 # The figures that need a GPU queue: None on a host clock.
-GPU_ONLY = ("sync_stall_ms", "launch_bound_ms")
+GPU_ONLY = ("idle_sync_stall_ms", "idle_launch_bound_ms")
 
 
 @dataclass
 class IdleStats(WindowSums):
     steps: int = 0  # steps read back
     host_ms: float = 0.0
-    host_data_wait_ms: float = 0.0
+    loader_wait_ms: float = 0.0  # the host's wait for the DataLoader
     timed_steps: int = 0  # steps with device figures and a step boundary before them
     device_ms: float = 0.0
     transfer_ms: float = 0.0
     idle_ms: float = 0.0
-    data_wait_ms: float = 0.0  # idle while the host waited for the DataLoader
-    sync_stall_ms: float = 0.0
-    launch_bound_ms: float = 0.0
-    other_ms: float = 0.0
+    idle_data_wait_ms: float = 0.0  # idle while the host waited for the DataLoader
+    idle_sync_stall_ms: float = 0.0
+    idle_launch_bound_ms: float = 0.0
+    idle_other_ms: float = 0.0
     syncs: int = 0
 
     def add_step(self, t: StepTiming) -> None:
         self.steps += 1
         self.host_ms += t.host_ms
-        self.host_data_wait_ms += t.data_wait_ms
+        self.loader_wait_ms += t.loader_wait_ms
         self.syncs += t.syncs
         if t.idle_ms is None or t.device_ms is None:
             return
@@ -51,7 +55,7 @@ class IdleStats(WindowSums):
         self.transfer_ms += t.transfer_ms or 0.0
         self.idle_ms += t.idle_ms
         for cause in CAUSES:
-            name = f"{cause}_ms"
+            name = f"idle_{cause}_ms"
             setattr(self, name, getattr(self, name) + (t.causes.get(cause) or 0.0))
 
     def means(self, cuda: bool) -> dict[str, float | None]:
@@ -64,14 +68,14 @@ class IdleStats(WindowSums):
             "device_ms": self.device_ms / m if m else None,
             "transfer_ms": self.transfer_ms / m if m else None,
             "host_step_ms": self.host_ms / n if n else None,
-            "host_data_wait_ms": self.host_data_wait_ms / n if n else None,
+            "loader_wait_ms": self.loader_wait_ms / n if n else None,
         }
         for cause in CAUSES:
-            name = f"{cause}_ms"
+            name = f"idle_{cause}_ms"
             out[name] = getattr(self, name) / m if m else None
             if name in GPU_ONLY and not cuda:
                 out[name] = None
-        out["syncs_per_step"] = self.syncs / n if n and cuda else None
+        out["cuda_syncs_per_step"] = self.syncs / n if n and cuda else None
         return out
 
 
@@ -80,10 +84,10 @@ class StepSeries:
 
     COLUMNS = (
         "step",
-        "host_data_wait_ms",
+        "loader_wait_ms",
         "transfer_ms",
         "device_ms",
-        *(f"{c}_ms" for c in CAUSES),
+        *(f"idle_{c}_ms" for c in CAUSES),
     )
 
     def __init__(self, capacity: int = 2048) -> None:
@@ -98,7 +102,7 @@ class StepSeries:
             return
         causes = [t.causes.get(c) or 0.0 for c in CAUSES]
         self.rows.append(
-            [float(t.step), t.data_wait_ms, t.transfer_ms or 0.0, t.device_ms, *causes]
+            [float(t.step), t.loader_wait_ms, t.transfer_ms or 0.0, t.device_ms, *causes]
         )
         if len(self.rows) >= self.capacity:
             self.rows = self.rows[::2]

@@ -65,7 +65,7 @@ class StepTiming:
 
     step: int
     host_ms: float  # host wall time from the step's start to its end
-    data_wait_ms: float  # the host's wait for the DataLoader in the gap before the step
+    loader_wait_ms: float  # the host's wait for the DataLoader in the gap before the step
     device_ms: float | None  # the step on the compute stream
     transfer_ms: float | None  # the batch's copy or the wait for it, on the compute stream
     idle_ms: float | None  # None: the gap before was not a step boundary (epoch start...)
@@ -168,7 +168,7 @@ class StepTimer:
 
     # -- marks, in step order ---------------------------------------------------------
 
-    def data_wait(self, start_s: float, end_s: float) -> None:
+    def loader_wait(self, start_s: float, end_s: float) -> None:
         """The host waited for the DataLoader from ``start_s`` to ``end_s`` (perf_counter)."""
         self._gap_waits.append((start_s, end_s))
         ready = self._record()
@@ -290,7 +290,7 @@ class StepTimer:
         return StepTiming(
             step=step.step,
             host_ms=1e3 * (step.h_end - step.h_start),
-            data_wait_ms=waits_ms,
+            loader_wait_ms=waits_ms,
             device_ms=device,
             transfer_ms=transfer,
             idle_ms=idle,
@@ -335,5 +335,5 @@ class TimedReads(Iterator):
     def __next__(self) -> Any:
         t0 = time.perf_counter()
         item = next(self._source)  # StopIteration passes through: not a wait for data
-        self._timer.data_wait(t0, time.perf_counter())
+        self._timer.loader_wait(t0, time.perf_counter())
         return item

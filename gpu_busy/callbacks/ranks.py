@@ -1,0 +1,98 @@
+"""Figures from every rank, written once: the gather and the rank-zero writes every
+measuring callback shares.
+
+Every rank calls the gathers at the same point (they are collectives); only rank zero
+writes. A figure reduced over ranks is the mean of the ranks' per-step values, and its
+``_rank_max`` twin is the largest single rank's value: the straggler, whichever figure
+it shows up in.
+
+Example::
+
+    rows = gather_rows(trainer, window.as_list())        # one row per rank, every rank
+    per_rank = [IdleStats.from_list(r) for r in rows]
+    log_metrics(trainer, {"idle/idle_ms": 1.2})           # rank zero, at the logger step
+    publish(trainer, "idle", report, lines)               # rank zero: log lines + idle.json
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+
+from gpu_busy import lightning_compat as compat
+from gpu_busy.log import get_logger
+
+log = get_logger(__name__)
+
+
+def gather_rows(trainer: pl.Trainer, row: list[float]) -> list[list[float]]:
+    """Every rank's ``row`` (all of one length), in rank order, on every rank."""
+    if trainer.world_size == 1:
+        return [row]
+    t = torch.tensor(row, dtype=torch.float64, device=trainer.strategy.root_device)
+    return trainer.strategy.all_gather(t).reshape(trainer.world_size, -1).cpu().tolist()
+
+
+def gather_objects(trainer: pl.Trainer, obj: Any) -> list:
+    """Every rank's picklable ``obj``, in rank order, on every rank (for end-of-fit tables)."""
+    if trainer.world_size == 1 or not torch.distributed.is_initialized():
+        return [obj]
+    out: list = [None] * trainer.world_size
+    torch.distributed.all_gather_object(out, obj)
+    return out
+
+
+def mean_and_max(per_rank: list[dict[str, float | None]]) -> dict[str, float | None]:
+    """Key by key over ranks: the mean, and under ``<key>_rank_max`` the largest value
+    (with more than one rank). None where no rank has the figure."""
+    out: dict[str, float | None] = {}
+    for key in per_rank[0] if per_rank else []:
+        values = [r[key] for r in per_rank if r.get(key) is not None]
+        out[key] = sum(values) / len(values) if values else None
+        if len(per_rank) > 1:
+            out[f"{key}_rank_max"] = max(values) if values else None
+    return out
+
+
+def log_metrics(trainer: pl.Trainer, metrics: dict[str, float | None], step: int | None = None):
+    """Rank zero sends the figures that are not None to every logger, at Lightning's step."""
+    metrics = {k: v for k, v in metrics.items() if v is not None}
+    if not (metrics and trainer.is_global_zero and trainer.loggers):
+        return
+    metrics["epoch"] = trainer.current_epoch  # as Lightning's own rows carry it
+    step = compat.logger_step(trainer) if step is None else step
+    for logger in trainer.loggers:
+        logger.log_metrics(metrics, step=step)
+
+
+def run_dir(trainer: pl.Trainer) -> Path | None:
+    """The run's log directory; None without a logger (it would be the working directory).
+
+    ``trainer.log_dir`` is a broadcast under DDP: call this on every rank, at one point.
+    """
+    log_dir = trainer.log_dir if trainer.loggers else None
+    return Path(log_dir) if log_dir else None
+
+
+def publish(
+    trainer: pl.Trainer, name: str, report: dict, lines: list[str], folder: Path | None = None
+) -> Path | None:
+    """Rank zero logs ``lines`` and writes ``report`` to ``<run dir>/<name>.json``.
+
+    ``folder`` is the run directory, asked for earlier on every rank (``run_dir``); None
+    writes no file. Returns the file written.
+    """
+    if not trainer.is_global_zero:
+        return None
+    for line in lines:
+        log.info("%s", line)
+    if folder is None:
+        return None
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}.json"
+    path.write_text(json.dumps(report, indent=1))
+    return path

@@ -2,6 +2,7 @@
 # make train GPUS=2              DDP on 2 GPUs
 # make train ACCELERATOR=cpu DEVICES=2   2-process DDP on the CPU (gloo)
 # make train CONFIG=configs/cifar10.yaml ARGS="--trainer.max_epochs=1"
+# make train RUNS=/scratch/me/runs       runs (logs, checkpoints, reports) there, not in runs/
 # make test                      the CPU test suite (GPU tests too where CUDA is present)
 # make bench [QUICK=1]           the benchmark suite; results in runs/bench/bench.json
 
@@ -19,7 +20,11 @@ GPUS ?=
 ACCELERATOR ?=
 DEVICES ?=
 ARGS ?=
+# Where runs are written (the logger's save_dir); empty: what the config says (runs/).
+RUNS ?=
 PYTEST_ARGS ?=
+# Where runs are written (the logger's save_dir); empty: what the config says (runs/).
+RUNS ?=
 QUICK ?=
 BENCH_OUT ?= runs/bench
 
@@ -42,6 +47,7 @@ TRAIN_FLAGS += --trainer.accelerator=gpu --trainer.devices=$(GPUS)
 endif
 TRAIN_FLAGS += $(if $(ACCELERATOR),--trainer.accelerator=$(ACCELERATOR))
 TRAIN_FLAGS += $(if $(DEVICES),--trainer.devices=$(DEVICES))
+TRAIN_FLAGS += $(if $(RUNS),--trainer.logger.init_args.save_dir=$(RUNS))
 
 train: install
 	@overlay=""; \

@@ -211,7 +211,7 @@ def argument_error_line(message: str) -> str:
     return " ".join(message.split())
 
 
-def _cause(error: BaseException, kind: type[BaseException]) -> BaseException | None:
+def _cause(error: BaseException | None, kind: type | tuple[type, ...]) -> BaseException | None:
     while error is not None and not isinstance(error, kind):
         error = error.__cause__ or error.__context__
     return error
@@ -240,12 +240,14 @@ def main(args: list[str] | None = None) -> int:
         print(f"error: {argument_error_line(str(e))} ({USAGE_HINT})", file=sys.stderr)
         return 2
     except ValueError as e:
-        # jsonargparse builds a subclass-mode class under a union type, and reports what
-        # its __init__ raised inside a ValueError of its own.
-        user_error = _cause(e, UserError)
-        if user_error is None:
+        # jsonargparse builds the classes a config names under union types, and reports what
+        # their __init__ raised inside a ValueError of its own.
+        cause = _cause(e, (UserError, ImportError))
+        if cause is None:
             raise
-        print(f"error: {user_error}", file=sys.stderr)
+        if isinstance(cause, ImportError):  # say the last of its lines: the package wanted
+            cause = f"{str(cause).strip().splitlines()[-1]}, into .venv (a class in the config needs it)"
+        print(f"error: {cause}", file=sys.stderr)
         return 2
     except TrainingStopped as e:
         # Every rank stops at the same check; rank zero says why and its code is the run's.
@@ -257,7 +259,7 @@ def main(args: list[str] | None = None) -> int:
         return e.exit_code
     except SIGTERMException:
         # Lightning's own handler, still in place before training starts.
-        print("error: stopped by SIGTERM before training began; nothing to save", file=sys.stderr)
+        print("stopped: SIGTERM before training began; nothing to save", file=sys.stderr)
         return 128 + signal.SIGTERM
     return 0
 

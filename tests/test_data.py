@@ -86,10 +86,17 @@ def test_image_folder_missing_is_a_user_error(tmp_path):
         ImageDataModule(dataset="folder", data_dir=str(tmp_path / "nothing"))
 
 
-def test_datamodule_folder_reads_classes_and_batches(image_folder):
+def test_datamodule_folder_reads_classes_and_batches_and_says_what_it_found(
+    image_folder, caplog
+):
     dm = ImageDataModule(dataset="folder", data_dir=str(image_folder), batch_size=4, image_size=8)
     assert dm.num_classes == 3
-    dm.setup("fit")
+    with caplog.at_level("INFO"):
+        dm.setup("fit")
+    assert (
+        f"image folder {image_folder}: 3 classes (cats, dogs, owls); 18 training and 6 "
+        "validation images"
+    ) in caplog.text
     images, labels = next(iter(dm.val_dataloader()))
     assert labels.tolist() == [0, 0, 1, 1]
     assert images.shape == (4, 3, 8, 8) and images.dtype == torch.uint8

@@ -113,11 +113,11 @@ def test_a_rank_that_loses_the_store_concludes_rank_zero_is_gone():
 
 
 def _stderr_lines(result) -> list[str]:
-    return [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    return [line for line in result.stderr.splitlines() if line.startswith(("error:", "stopped:"))]
 
 
 @pytest.mark.slow
-def test_sigterm_saves_a_checkpoint_that_resumes_exactly(in_tmp):
+def test_sigterm_saves_a_checkpoint_that_resumes_exactly(in_tmp, capsys):
     fit(in_tmp, "whole")
     result = run_entry_point(
         [*RUN, "--trainer.logger.init_args.name=split",
@@ -131,13 +131,20 @@ def test_sigterm_saves_a_checkpoint_that_resumes_exactly(in_tmp):
     last = in_tmp / "runs" / "split" / "version_0" / "checkpoints" / "last.ckpt"
     # The step the signal arrived in finished; the next check (after step 6) saved and stopped.
     assert _stderr_lines(result) == [
-        f"error: stopped by SIGTERM at step 6; saved {last.relative_to(in_tmp)} "
+        f"stopped: SIGTERM at step 6; saved {last.relative_to(in_tmp)} "
         "(resume with --ckpt_path last)"
     ]
     assert "Traceback" not in result.stderr
     assert torch.load(last, weights_only=True, map_location="cpu")["global_step"] == 6
 
+    capsys.readouterr()
     fit(in_tmp, "split", "--ckpt_path=last")
+    # Where each part of the run is: the resumed run says it, and its summary counts its own.
+    err = capsys.readouterr().err
+    assert f"resuming from {last.relative_to(in_tmp)} into a new version directory" in err
+    assert "the steps before it stay in runs/split/version_0" in err
+    (summary,) = [line for line in err.splitlines() if "fit done in" in line]
+    assert "resumed at step 6" in summary, summary
     assert steps(in_tmp / "split.batches") == steps(in_tmp / "whole.batches")
     resumed = in_tmp / "runs" / "split" / "version_1" / "checkpoints" / "last.ckpt"
     whole = in_tmp / "runs" / "whole" / "version_0" / "checkpoints" / "last.ckpt"
@@ -154,7 +161,7 @@ def test_ctrl_c_saves_and_exits_130(tmp_path):
     )  # fmt: skip
     assert result.returncode == 128 + signal.SIGINT, result.stderr[-3000:]
     (line,) = _stderr_lines(result)
-    assert line.startswith("error: stopped by SIGINT at step 3; saved ")
+    assert line.startswith("stopped: SIGINT at step 3; saved ")
     assert "KeyboardInterrupt" not in result.stderr
 
 
@@ -168,9 +175,7 @@ def test_sigterm_before_training_is_one_line_and_exit_143(tmp_path):
         cwd=tmp_path,
     )  # fmt: skip
     assert result.returncode == 128 + signal.SIGTERM, result.stderr[-3000:]
-    assert _stderr_lines(result) == [
-        "error: stopped by SIGTERM before training began; nothing to save"
-    ]
+    assert _stderr_lines(result) == ["stopped: SIGTERM before training began; nothing to save"]
 
 
 DDP = ["fit", "--config", DEFAULT, "--config", DEBUG, "--trainer.accelerator=cpu",
@@ -204,7 +209,7 @@ def test_ddp_sigterm_on_one_rank_stops_every_rank_at_the_same_step(tmp_path):
     # Rank 1 alone got the signal after step 1; the ranks agreed at the next check (step 4).
     last = Path("runs", "debug", "version_0", "checkpoints", "last.ckpt")
     assert _stderr_lines(result) == [
-        f"error: stopped by SIGTERM at step 4; saved {last} (resume with --ckpt_path last)"
+        f"stopped: SIGTERM at step 4; saved {last} (resume with --ckpt_path last)"
     ]
     saved = torch.load(tmp_path / last, weights_only=True, map_location="cpu")
     assert saved["global_step"] == 4

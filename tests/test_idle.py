@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import json
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -443,3 +444,66 @@ def test_idle_monitor_logs_reports_and_captures_a_profiler_window(tmp_path, monk
     header = (run / "metrics.csv").read_text().splitlines()[0]
     assert "idle/idle_pct" in header and "idle/loader_wait_ms" in header
     assert "idle/idle_sync_stall_ms" not in header  # n/a on a host clock: not logged as a number
+
+
+# -- profiler windows, with a fake profiler ----------------------------------------------
+
+
+class FakeProfiler:
+    """Calls on_trace_ready after one warm-up and ``steps`` recorded steps, like
+    torch.profiler's schedule(wait=0, warmup=1, active=steps)."""
+
+    made: list[FakeProfiler] = []
+
+    def __init__(self, on_trace_ready, steps: int = 2) -> None:
+        self.on_trace_ready, self.steps = on_trace_ready, steps
+        self.calls, self.started, self.stopped = 0, False, False
+        FakeProfiler.made.append(self)
+
+    def start(self) -> None:
+        self.started = True
+
+    def step(self) -> None:
+        self.calls += 1
+        if self.calls == 1 + self.steps and self.on_trace_ready is not None:
+            self.on_trace_ready(self)
+
+    def stop(self) -> None:
+        self.stopped = True
+
+    def export_chrome_trace(self, path: str) -> None:
+        kernel = {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "dur": 10}
+        Path(path).write_text(json.dumps({"traceEvents": [{**kernel, "ts": 0}]}))
+
+
+def test_profiler_windows_open_every_n_steps_save_analyse_and_mark_the_steps(tmp_path):
+    from gpu_busy.idle.profiler_windows import ProfilerWindows
+
+    FakeProfiler.made.clear()
+    windows = ProfilerWindows(every_n_steps=5, folder=tmp_path, make_profiler=FakeProfiler)
+    closed_at = [n for n in range(1, 13) if windows.after_step(n)]
+    # Opened after step 5 (the 5th ended), warm-up step 5, records 6 and 7, closes after 8.
+    assert closed_at == [8] and len(FakeProfiler.made) == 2  # the second opened after 10
+    (result,) = windows.results
+    assert result["first_step"] == 6 and result["device_events"] == 1
+    assert Path(result["path"]).name == "rank0-step6.pt.trace.json"
+    assert [s for s in range(12) if windows.profiled(s)] == [5, 6, 7, 10, 11]
+    # Validation cuts the open window: dropped, not saved, its steps still marked.
+    assert windows.stop(12) and FakeProfiler.made[1].stopped
+    assert len(windows.results) == 1 and windows.profiled(11) and not windows.profiled(12)
+    assert not windows.stop(12)  # nothing open
+
+
+def test_profiler_windows_on_request_or_trigger_file_and_without_a_folder(tmp_path):
+    from gpu_busy.idle.profiler_windows import ProfilerWindows
+
+    trigger = tmp_path / "TRACE"
+    windows = ProfilerWindows(trigger=trigger, make_profiler=FakeProfiler)
+    assert not any(windows.after_step(n) for n in range(1, 20))  # never on its own
+    trigger.touch()
+    windows.look_for_trigger()
+    assert [n for n in range(20, 25) if windows.after_step(n)] == [23]
+    windows.request()
+    assert [n for n in range(25, 30) if windows.after_step(n)] == [28]
+    assert [r["path"] for r in windows.results] == [None, None]  # analysed, not kept
+    assert list(tmp_path.iterdir()) == [trigger]

@@ -159,7 +159,7 @@ class IdleTimeMonitor(pl.Callback):
         if logging_now:
             self.windows.look_for_trigger()
         try:
-            if self.windows.after_step(self.timer.next_step):
+            if self.windows.after_step(self.timer.steps_started):
                 self.timer.break_gap()  # the export runs in the next gap: not the GPU's idle
         except ProfilerUnavailable as err:
             log.warning("IdleTimeMonitor: profiler windows are off: %s", err)
@@ -169,12 +169,12 @@ class IdleTimeMonitor(pl.Callback):
     def on_validation_start(self, trainer, pl_module) -> None:
         if trainer.state.fn == "fit" and self.timer is not None:
             self.timer.break_gap()  # the next gap holds validation: not a step boundary
-            self.windows.stop(self.timer.next_step)
+            self.windows.stop(self.timer.steps_started)
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:
         if self.timer is not None:
             self.timer.break_gap()
-            self.windows.stop(self.timer.next_step)
+            self.windows.stop(self.timer.steps_started)
 
     def _take(self, timings) -> None:
         for t in timings:
@@ -197,7 +197,7 @@ class IdleTimeMonitor(pl.Callback):
     def on_train_end(self, trainer, pl_module) -> None:
         if self.timer is None:
             return
-        self.windows.stop(self.timer.next_step)
+        self.windows.stop(self.timer.steps_started)
         self._take(self.timer.close())  # training is over: waiting costs nothing now
         if self._marks is not None:
             self._marks.close()

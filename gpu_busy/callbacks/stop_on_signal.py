@@ -91,8 +91,7 @@ class StopOnSignal(pl.Callback):
         log.info("%s received: saving %s at step %d", name, path, trainer.global_step)
         trainer.save_checkpoint(path, weights_only=False)  # all ranks: zero writes, all wait
         raise TrainingStopped(
-            f"stopped by {name} at step {trainer.global_step}; saved {path} "
-            "(resume with --ckpt_path last)",
+            f"{name} at step {trainer.global_step}; saved {path} (resume with --ckpt_path last)",
             exit_code=128 + signum,
             failure=False,
         )

@@ -162,8 +162,8 @@ class StepTimer:
         self._gap_waits: list[Interval] = []
 
     @property
-    def next_step(self) -> int:
-        """The number the next ``start_step`` will get (steps are counted from 0)."""
+    def steps_started(self) -> int:
+        """Steps started so far: also the number the next ``start_step`` gives (from 0)."""
         return self._steps
 
     # -- marks, in step order ---------------------------------------------------------

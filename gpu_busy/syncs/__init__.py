@@ -1,7 +1,7 @@
-"""Mechanisms for measuring and improving the host/device relationship.
+"""Finding host-device syncs: which lines make the host wait for the GPU.
 
-Nothing in this package imports Lightning: each piece works with plain PyTorch and is
-tested alone; ``gpu_busy.callbacks`` adapts them to the Trainer.
+Nothing here imports Lightning; ``gpu_busy.callbacks.SyncPointDetector`` runs it over a
+sample of training steps.
 
 Example::
 

@@ -24,6 +24,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from gpu_busy import lightning_compat as compat
+from gpu_busy.log import get_logger
 from gpu_busy.resume.sampler import ResumableSampler
 from template.data.augment import CIFAR10_MEAN, CIFAR10_STD, DeviceAugment
 from template.data.sources import FolderImages, InMemoryImages, load_cifar10
@@ -37,6 +38,8 @@ CIFAR10_CLASSES = (
 # Per-channel statistics of ImageNet, a reasonable default for arbitrary photos.
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
+
+log = get_logger(__name__)
 
 
 def default_num_workers(processes_per_node: int = 1, cap: int = 8) -> int:
@@ -144,6 +147,14 @@ class ImageDataModule(pl.LightningDataModule):
         else:
             self.train_set = FolderImages(self.data_dir / "train", hp.image_size)
             self.val_set = FolderImages(self.data_dir / "val", hp.image_size, list(self.classes))
+            log.info(
+                "image folder %s: %d classes (%s); %d training and %d validation images",
+                self.data_dir,
+                len(self.classes),
+                ", ".join(self.classes),
+                len(self.train_set),
+                len(self.val_set),
+            )
 
     def _loader(self, dataset: Dataset, train: bool) -> DataLoader:
         trainer = self.trainer
@@ -190,6 +201,10 @@ class ImageDataModule(pl.LightningDataModule):
     def val_dataloader(self) -> DataLoader:
         return self._loader(self.val_set, train=False)
 
+    # No separate test split: `test` and `predict` of a checkpoint run on the validation set.
+    test_dataloader = val_dataloader
+    predict_dataloader = val_dataloader
+
     def state_dict(self) -> dict:
         # Where training stands, so a resumed run starts the right epoch at the right batch.
         if self.trainer is None:
@@ -211,5 +226,8 @@ class ImageDataModule(pl.LightningDataModule):
         images, labels = batch
         if self.device_augment.scale.device != images.device:
             self.device_augment.to(images.device)  # once: the DataModule is not moved by Lightning
+            # Channels-last on CUDA, as the example model runs: the normalising multiply-add
+            # writes that layout at no cost, so the model's conversion finds nothing to do.
+            self.device_augment.channels_last = images.is_cuda
         training = self.trainer is not None and self.trainer.training
         return self.device_augment(images, train=training), labels

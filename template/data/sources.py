@@ -6,7 +6,7 @@ augmentation and normalisation happen on the device (see ``augment.py``).
 Example::
 
     train = InMemoryImages(*load_cifar10("data", train=True, download=True))
-    folder = folder_dataset("~/pets/train", image_size=64)
+    folder = FolderImages("~/pets/train", image_size=64)
 """
 
 from __future__ import annotations

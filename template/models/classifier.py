@@ -118,6 +118,16 @@ class ImageClassifier(pl.LightningModule):
         self.val_loss.update(F.cross_entropy(logits, labels), weight=labels.numel())
         self.val_acc.update(logits, labels)
 
+    # `python -m template.train test|predict --ckpt_path ...` of a trained checkpoint.
+    def test_step(self, batch, batch_idx: int) -> None:
+        images, labels = batch
+        self.val_acc.update(self(images), labels)
+        self.log("test/acc", self.val_acc)  # a metric object: computed at the epoch's end
+
+    def predict_step(self, batch, batch_idx: int) -> torch.Tensor:
+        images, _ = batch
+        return self(images).argmax(dim=1)
+
     def on_validation_epoch_end(self) -> None:
         # Lightning calls compute() (reduced over ranks) and reset() on logged metric objects.
         self.log("val/loss", self.val_loss)

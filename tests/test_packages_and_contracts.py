@@ -1,0 +1,139 @@
+"""The two halves stay apart, and what README promises a model, a DataModule and a reader
+of the metrics is what the code does."""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from gpu_busy.idle import IdleStats
+from gpu_busy.prefetch import PrefetchStats
+from template.data.augment import DeviceAugment
+from template.train import main
+from tests.conftest import DEBUG, DEFAULT, ROOT
+
+FOREIGN = [
+    "--model.class_path=tests.foreign_modules.BlobClassifier",
+    "--data.class_path=tests.foreign_modules.BlobData",
+    "--trainer.max_epochs=2",
+    "--trainer.log_every_n_steps=4",
+]
+
+
+def test_the_measuring_package_serves_a_plain_lightning_script(tmp_path):
+    """gpu_busy with every callback, in a script that is not the template, where the
+    example package cannot even be imported."""
+    script = tmp_path / "plain.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import sys
+            import lightning.pytorch as pl
+            from lightning.pytorch.demos.boring_classes import BoringModel
+            from lightning.pytorch.loggers import CSVLogger
+            from gpu_busy import callbacks as cb
+
+            trainer = pl.Trainer(
+                accelerator="cpu", max_epochs=2, limit_train_batches=16, limit_val_batches=2,
+                log_every_n_steps=4, logger=CSVLogger("runs"), enable_model_summary=False,
+                callbacks=[getattr(cb, name)() for name in cb.__all__],
+            )
+            trainer.fit(BoringModel())
+            try:
+                import template  # noqa: F401
+                sys.exit("the example package was importable")
+            except ImportError:
+                pass
+            assert not [m for m in sys.modules if m.split(".")[0] == "template"]
+            """
+        )
+    )
+    env = {k: v for k, v in __import__("os").environ.items() if k != "PYTHONPATH"}
+    result = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    run = tmp_path / "runs" / "lightning_logs" / "version_0"
+    for name in ("idle.json", "syncs.json", "prefetch.json", "metrics.csv"):
+        assert (run / name).is_file(), name
+
+
+def test_a_foreign_module_and_datamodule_train_by_class_path_with_every_callback(in_tmp, capsys):
+    assert main(["fit", "--config", DEFAULT, "--config", DEBUG, *FOREIGN]) == 0
+    run = in_tmp / "runs" / "debug" / "version_0"
+    for name in ("idle.json", "syncs.json", "prefetch.json", "idle.png"):
+        assert (run / name).is_file(), name
+    last = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
+    assert last["hyper_parameters"]["num_classes"] == 5  # linked from data.num_classes
+    assert list((run / "checkpoints").glob("best-*.ckpt"))
+    err = capsys.readouterr().err
+    # The summary reports the metric the best checkpoint monitors: named once, in the config.
+    (summary,) = [line for line in err.splitlines() if "fit done in" in line]
+    assert "val/acc" in summary and "samples/s" in summary
+
+
+def test_the_num_classes_link_skips_a_model_that_does_not_take_it(in_tmp):
+    args = [*FOREIGN, "--model.class_path=tests.foreign_modules.FixedHeadClassifier"]
+    assert main(["fit", "--config", DEFAULT, "--config", DEBUG, *args]) == 0
+
+
+def test_a_model_that_does_not_log_the_monitored_metric_is_one_line(in_tmp, capsys):
+    code = main(
+        ["fit", "--config", DEFAULT, "--config", DEBUG,
+         "--model.class_path=lightning.pytorch.demos.boring_classes.BoringModel",
+         "--data.class_path=lightning.pytorch.demos.boring_classes.BoringDataModule"]
+    )  # fmt: skip
+    assert code == 2
+    (line,) = [x for x in capsys.readouterr().err.splitlines() if x.startswith("error:")]
+    assert "monitor='val/acc'" in line
+
+
+def test_device_augmentation_refuses_batches_that_are_not_uint8():
+    augment = DeviceAugment()
+    images = torch.randint(0, 256, (2, 3, 8, 8), dtype=torch.uint8)
+    assert augment(images, train=True).dtype == torch.float32
+    with pytest.raises(TypeError, match="uint8"):
+        augment(images.float(), train=True)
+
+
+def _documented_metrics() -> set[str]:
+    text = (ROOT / "README.md").read_text()
+    return set(re.findall(r"`((?:idle|prefetch|syncs)/[a-z_]+)`", text))
+
+
+def test_every_documented_metric_is_logged_and_every_logged_one_documented(in_tmp):
+    code = main(
+        ["fit", "--config", DEFAULT, "--config", DEBUG, "--trainer.limit_train_batches=12",
+         "--trainer.log_every_n_steps=4", "--trainer.max_epochs=1"]
+    )  # fmt: skip
+    assert code == 0
+    with (in_tmp / "runs" / "debug" / "version_0" / "metrics.csv").open() as f:
+        header = next(csv.reader(f))
+    logged = {k for k in header if k.split("/")[0] in ("idle", "prefetch", "syncs")}
+    assert {k for k in logged if k.startswith("syncs/")} == {
+        "syncs/count", "syncs/per_step", "syncs/per_steady_step"
+    }  # fmt: skip
+    # Every figure the mechanisms produce, GPU-only ones included (None, unlogged, on a CPU).
+    declared = {f"idle/{k}" for k in IdleStats().means(cuda=True)}
+    declared |= {f"prefetch/{k}" for k in PrefetchStats().means()}
+    declared |= {k for k in logged if k.startswith("syncs/")}
+    documented = _documented_metrics()
+    assert documented == declared, (documented - declared, declared - documented)
+    assert logged <= documented, logged - documented
+    # Under DDP each has a _rank_max twin (tests/test_ddp.py); README says so once.
+    assert "_rank_max" in (ROOT / "README.md").read_text()
+
+
+def test_reports_name_ranks_and_keep_one_name_per_quantity(in_tmp):
+    assert main(["fit", "--config", DEFAULT, "--config", DEBUG]) == 0
+    idle = json.loads((in_tmp / "runs" / "debug" / "version_0" / "idle.json").read_text())
+    assert [r["rank"] for r in idle["ranks"]] == [0]
+    assert "loader_wait_ms" in idle["mean"] and "host_data_wait_ms" not in idle["mean"]
+    assert "prefetch" not in idle and "syncs" not in idle  # each callback its own file

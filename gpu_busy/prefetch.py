@@ -1,9 +1,14 @@
 """Copy the next batches to the GPU on a side stream while the current step computes.
 
-A plain ``batch.to("cuda", non_blocking=True)`` at the start of step N queues behind step
-N-1's kernels on the compute stream, so the copy never overlaps compute. Here the copy
-of batch N+1 is enqueued on a side stream *before* step N's kernels, and the compute
-stream waits (on the GPU, not the host) for exactly the batch it is about to use.
+The copy of batch N+1 is enqueued on a side stream *before* step N's kernels, and the
+compute stream waits (on the GPU, not the host) for exactly the batch it is about to
+use. As the careful implementations do: one side stream, kept; an event after each
+copy; ``record_stream`` on every handed-out tensor, so the caching allocator cannot
+reuse its memory while the compute stream still reads it; pageable batches pinned first,
+in a background thread, because ``non_blocking`` from pageable memory blocks the host.
+Collections are walked with ``apply_to_collection``: tensors in dicts, lists, tuples,
+namedtuples and dataclasses move, everything else passes through. On a non-CUDA device
+the same look-ahead runs with a synchronous move, so the bookkeeping is tested anywhere.
 
 Example::
 
@@ -11,24 +16,6 @@ Example::
     for x, y in PrefetchIterator(loader, copier, depth=1):
         loss = model(x).cross_entropy(y)                 # x, y already on the GPU;
         ...                                              # the next batch is copying
-
-On a CPU (or any non-CUDA) device the same look-ahead control flow runs, with a plain
-synchronous move and no streams or events, so the ordering and bookkeeping are tested on
-machines without a GPU.
-
-Safety, as the careful implementations do it:
-
-- one side stream per copier, created on first use and kept;
-- an event recorded after each batch's copy; the consumer's stream waits for that event;
-- ``record_stream`` on every handed-out tensor, so the caching allocator does not give its
-  memory back to the side stream (for the next copy) while the compute stream still
-  reads it;
-- pageable host tensors are pinned first (in a background thread, off the critical path),
-  because ``non_blocking=True`` from pageable memory silently blocks the host.
-
-Collections are walked with ``lightning_utilities.apply_to_collection`` (tensors in dicts,
-lists, tuples, namedtuples, dataclasses; everything else passes through untouched).
-Only ``torch.Tensor`` leaves are moved.
 """
 
 from __future__ import annotations

@@ -198,17 +198,14 @@ def argument_error_line(message: str) -> str:
     """jsonargparse's nested, multi-line error as one line that names the full key.
 
     In subclass mode a bad ``--data.batch_size`` is reported under ``Parser key "data"``,
-    then the class, then ``Parser key "batch_size"``, then the reason.
+    then ``Parser key "batch_size"``, then the reason on that line or the next.
     """
     keys = re.findall(r'Parser key "([^"]+)":', message)
-    lines = [line.strip() for line in message.splitlines()]
-    tail = next((line for line in reversed(lines) if line.startswith("Parser key")), None)
-    if keys and tail is not None:
-        after = lines[lines.index(tail) + 1 :]
-        reason = tail.split(":", 1)[1].strip() or (after[0] if after else "")
-        key = ".".join(k for k in keys if k != "init_args")
-        return f'Parser key "{key}": {reason}'
-    return " ".join(message.split())
+    last = re.findall(r'Parser key "[^"]+":[ \t]*\n?\s*([^\n]*)', message)
+    if not keys:
+        return " ".join(message.split())
+    key = ".".join(k for k in keys if k != "init_args")
+    return f'Parser key "{key}": {last[-1].strip()}'
 
 
 def _cause(error: BaseException | None, kind: type | tuple[type, ...]) -> BaseException | None:
@@ -245,8 +242,8 @@ def main(args: list[str] | None = None) -> int:
         cause = _cause(e, (UserError, ImportError))
         if cause is None:
             raise
-        if isinstance(cause, ImportError):  # say the last of its lines: the package wanted
-            cause = f"{str(cause).strip().splitlines()[-1]}, into .venv (a class in the config needs it)"
+        if isinstance(cause, ImportError):  # its last line names the package wanted
+            cause = f"{str(cause).strip().splitlines()[-1]} (a class in the config needs it)"
         print(f"error: {cause}", file=sys.stderr)
         return 2
     except TrainingStopped as e:

@@ -86,9 +86,7 @@ def test_image_folder_missing_is_a_user_error(tmp_path):
         ImageDataModule(dataset="folder", data_dir=str(tmp_path / "nothing"))
 
 
-def test_datamodule_folder_reads_classes_and_batches_and_says_what_it_found(
-    image_folder, caplog
-):
+def test_datamodule_folder_reads_classes_and_batches_and_says_what_it_found(image_folder, caplog):
     dm = ImageDataModule(dataset="folder", data_dir=str(image_folder), batch_size=4, image_size=8)
     assert dm.num_classes == 3
     with caplog.at_level("INFO"):

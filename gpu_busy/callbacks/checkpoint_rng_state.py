@@ -1,12 +1,10 @@
 """CheckpointRngState: checkpoints carry every rank's random generator states.
 
-Lightning restores weights, optimizer, schedulers and loop counters, but not the random
-generators, so a resumed run draws different augmentations and dropout masks from the
-ones an uninterrupted run would have drawn. With this callback the states are gathered
-from every rank into the checkpoint and put back, each to its own rank, just before the
-resumed run's first training batch (after the sanity check, which Lightning runs with
-the generators isolated). Together with the DataModule's ``ResumableSampler`` this makes
-"2 epochs" and "1 epoch, then resumed for 1" end with identical weights.
+Lightning restores weights, optimizer, schedulers and loop counters, not the random
+generators. This callback gathers every rank's into the checkpoint and puts each back on
+its rank right before the resumed run's first batch (after the sanity check). With a
+``ResumableSampler`` this makes a resumed run end with the weights of one that never
+stopped. Details: docs/ARCHITECTURE.md, "Exact resume".
 
 Example::
 

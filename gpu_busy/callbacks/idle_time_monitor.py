@@ -1,28 +1,19 @@
 """IdleTimeMonitor: how long the GPU sat idle in each training step, and why.
 
-Always on: ``gpu_busy.idle.StepTimer`` records CUDA events at each step's start and end
-and when the step's batch arrived from the DataLoader, reads them back a step or two
-later with ``query()`` (never a sync), and splits the idle gap before each step into
-data wait, sync stall, launch-bound and other (definitions: docs/ARCHITECTURE.md, "Idle
-time"). The DataLoader wait is timed at the DataLoader itself, below any prefetcher.
-
-Exact mode: every ``trace_every_n_steps`` steps (0: never), and on demand (``request_trace()``
-or by touching a file named ``TRACE`` in the run directory), a ``torch.profiler`` window
-of ``trace_steps`` steps is saved to ``<run dir>/traces/`` (open it in Perfetto or
-TensorBoard) and analysed (``gpu_busy.idle.ProfilerWindows``).
-
-Figures. At Lightning's logging steps, ``idle/<figure>`` per step (``IdleStats.means``:
-idle share, idle and its causes, device, transfer, the host's step and DataLoader wait):
-the mean over ranks and, under DDP, ``idle/<figure>_rank_max``. At the end of fit rank
-zero prints one table and writes ``idle.json`` and ``idle.png`` to the run directory.
+Always on: ``gpu_busy.idle.StepTimer`` times each step and the idle gap before it with
+CUDA events read back without a sync, and splits the gap into data wait, sync stall,
+launch-bound and other; the DataLoader wait is timed at the DataLoader, below any
+prefetcher. Exact mode: every ``trace_every_n_steps`` steps, on ``request_trace()`` or
+when ``<run dir>/TRACE`` is touched, a profiler window is saved to ``<run dir>/traces/``
+and analysed (``gpu_busy.idle.ProfilerWindows``). Figures: ``idle/*`` at logging steps;
+at the end of fit one table for all ranks, ``idle.json`` and ``idle.png``. On a CPU host
+clocks stand in and the GPU-only figures read n/a. Details: docs/ARCHITECTURE.md, "Idle
+time".
 
 Example::
 
     trainer = Trainer(callbacks=[IdleTimeMonitor()])
     trainer = Trainer(callbacks=[IdleTimeMonitor(trace_every_n_steps=500)])  # + exact windows
-
-On a CPU the same code runs on host clocks: idle is the time between steps; the figures
-only a GPU queue gives (sync stall, launch-bound, CUDA syncs) read n/a.
 """
 
 from __future__ import annotations
@@ -41,6 +32,8 @@ from gpu_busy.callbacks.ranks import (
 )
 from gpu_busy.idle import (
     IdleStats,
+    ProfilerUnavailable,
+    ProfilerWindows,
     StepSeries,
     StepTimer,
     SyncMarks,
@@ -49,7 +42,7 @@ from gpu_busy.idle import (
     render_table,
     save_picture,
 )
-from gpu_busy.idle.profiler_windows import ProfilerUnavailable, ProfilerWindows, torch_profiler
+from gpu_busy.idle.profiler_windows import torch_profiler
 from gpu_busy.log import get_logger
 
 log = get_logger(__name__)
@@ -90,12 +83,11 @@ class IdleTimeMonitor(pl.Callback):
         self.picture = picture
         self.log_stats = log_stats
         self.timer: StepTimer | None = None
-        self.windows: ProfilerWindows | None = None
+        self.windows = ProfilerWindows(every_n_steps=trace_every_n_steps)  # set up per fit
         self.report: dict = {}
         self._layer = f"idle-{id(self):x}"  # two monitors route the same loader apart
         self._marks: SyncMarks | None = None
         self._run_dir = None
-        self._trace_requested = False
         self._loaders: list = []
         self.window = IdleStats()  # since the last logging step
         self.total = IdleStats()  # the whole fit after warm-up
@@ -103,10 +95,7 @@ class IdleTimeMonitor(pl.Callback):
 
     def request_trace(self) -> None:
         """Capture a profiler window starting at the next step."""
-        if self.windows is not None:
-            self.windows.request()
-        else:
-            self._trace_requested = True
+        self.windows.request()
 
     # -- set-up ---------------------------------------------------------------------
 
@@ -117,16 +106,12 @@ class IdleTimeMonitor(pl.Callback):
             self._marks = SyncMarks().open()
         self.timer = StepTimer(device, sync_marks=self._marks)
         self._run_dir = run_dir(trainer)
-        self.windows = ProfilerWindows(
-            every_n_steps=self.trace_every_n_steps,
+        self.windows.set_up(
             folder=self._run_dir / "traces" if self._run_dir else None,
             trigger=self._run_dir / "TRACE" if self._run_dir else None,
             rank=trainer.global_rank,
             make_profiler=torch_profiler(self.trace_steps, cuda=self.timer.is_cuda),
         )
-        if self._trace_requested:
-            self.windows.request()
-            self._trace_requested = False
         self._route(trainer)
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:
@@ -236,8 +221,7 @@ class IdleTimeMonitor(pl.Callback):
         self._cleanup()
 
     def _cleanup(self) -> None:
-        if self.windows is not None:
-            self.windows.stop()
+        self.windows.stop()
         if self._marks is not None:
             self._marks.close()
         for loader in self._loaders:

@@ -1,13 +1,9 @@
 """A TQDM progress bar that reads metrics back from the device only at logging steps.
 
-Lightning converts every ``prog_bar=True`` metric to a Python number after *every*
-training step once it has been logged (``_LoggerConnector.on_batch_end`` reads
-``metrics["pbar"]``): one ``.item()``, a host-device sync, per metric per step, whether a
-bar is shown or not. So log training metrics without ``prog_bar`` and let this bar show
-them: it reads ``trainer.callback_metrics`` in the steps whose metrics Lightning writes to
-the loggers anyway (every ``log_every_n_steps``; those values are read back there in any
-case), in validation and at epoch ends, and shows the last values read in between. Its
-counter moves at every refresh (host-only work).
+Lightning converts every ``prog_bar=True`` metric to a number after *every* training step
+(an ``.item()``, a host-device sync, per metric per step). Log training metrics without
+``prog_bar`` and this bar shows them, read from ``trainer.callback_metrics`` at logging
+steps (read back there anyway), in validation and at epoch ends.
 
 Example::
 

@@ -1,17 +1,10 @@
 """StopOnRankFailure: when one DDP rank fails, every rank exits within bounded time.
 
-Without it, the ranks that did not fail sit in their next collective: with gloo until
-the closed connection surfaces as a "Connection closed by peer" traceback that names
-nobody, with NCCL for the process group's timeout (30 minutes by default). With it
-(a :class:`~gpu_busy.faults.peer_watch.PeerWatch` on every rank):
-
-- a rank that raises records why before it unwinds, and prints its own traceback;
-- the others see that record within ``poll_interval`` seconds, and one of them (rank
-  zero, or rank one when rank zero is the one that failed) prints a single line saying
-  which rank failed and why; all of them exit with code 1;
-- a rank killed without a word (SIGKILL, the out-of-memory killer) is noticed by rank
-  zero within ``poll_interval`` when Lightning's launcher started it, else once its
-  heartbeat has been silent for ``peer_timeout`` seconds.
+A ``gpu_busy.faults.peer_watch.PeerWatch`` on every rank: a rank that raises records why
+and prints its own traceback; the others see it within ``poll_interval`` and one of them
+prints a single line naming the rank; all exit with code 1. A rank killed silently is
+noticed at once when Lightning's launcher started it, else after ``peer_timeout`` of
+silence. Details: docs/ARCHITECTURE.md, "A failed rank".
 
 Example::
 

@@ -1,17 +1,14 @@
-"""Figures from every rank, written once: the gather and the rank-zero writes every
-measuring callback shares.
+"""Figures from every rank, written once: the gathers and rank-zero writes the callbacks share.
 
-Every rank calls the gathers at the same point (they are collectives); only rank zero
-writes. A figure reduced over ranks is the mean of the ranks' per-step values, and its
-``_rank_max`` twin is the largest single rank's value: the straggler, whichever figure
-it shows up in.
+The gathers are collectives: every rank calls them at the same point; only rank zero
+writes. A figure over ranks is the mean of the ranks' values, and its ``_rank_max``
+twin the largest single rank's value (the straggler), for every figure alike.
 
 Example::
 
-    rows = gather_rows(trainer, window.as_list())        # one row per rank, every rank
-    per_rank = [IdleStats.from_list(r) for r in rows]
-    log_metrics(trainer, {"idle/idle_ms": 1.2})           # rank zero, at the logger step
-    publish(trainer, "idle", report, lines)               # rank zero: log lines + idle.json
+    per_rank = [IdleStats.from_list(r) for r in gather_rows(trainer, window.as_list())]
+    log_metrics(trainer, mean_and_max([s.means(cuda) for s in per_rank]))
+    publish(trainer, "idle", report, lines, run_dir(trainer))   # log lines + idle.json
 """
 
 from __future__ import annotations
@@ -58,12 +55,15 @@ def mean_and_max(per_rank: list[dict[str, float | None]]) -> dict[str, float | N
     return out
 
 
-def log_metrics(trainer: pl.Trainer, metrics: dict[str, float | None], step: int | None = None):
-    """Rank zero sends the figures that are not None to every logger, at Lightning's step."""
+def log_metrics(
+    trainer: pl.Trainer, metrics: dict[str, float | None], step: int | None = None, epoch=None
+):
+    """Rank zero sends the figures that are not None to every logger, at Lightning's step
+    (or ``step``, of ``epoch``)."""
     metrics = {k: v for k, v in metrics.items() if v is not None}
     if not (metrics and trainer.is_global_zero and trainer.loggers):
         return
-    metrics["epoch"] = trainer.current_epoch  # as Lightning's own rows carry it
+    metrics["epoch"] = trainer.current_epoch if epoch is None else epoch  # as Lightning's rows
     step = compat.logger_step(trainer) if step is None else step
     for logger in trainer.loggers:
         logger.log_metrics(metrics, step=step)

@@ -17,11 +17,11 @@ from __future__ import annotations
 import time
 
 import lightning.pytorch as pl
-import torch
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities.data import extract_batch_size
 
+from gpu_busy.callbacks.ranks import gather_rows
 from gpu_busy.log import get_logger
 
 log = get_logger(__name__)
@@ -69,18 +69,10 @@ class RunSummary(pl.Callback):
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         elapsed = time.perf_counter() - self._fit_start
-        device = trainer.strategy.root_device
-        reduced = trainer.strategy.reduce(
-            torch.tensor(float(self._samples), device=device), reduce_op="min"
-        )
-        countable = float(reduced.item()) >= 0
-        samples = trainer.strategy.reduce(
-            torch.tensor(float(max(self._samples, 0)), device=device), reduce_op="sum"
-        )
-        train_seconds = trainer.strategy.reduce(
-            torch.tensor(elapsed - self._val_seconds, device=device), reduce_op="max"
-        )
-        samples, train_seconds = int(samples.item()), max(float(train_seconds.item()), 1e-9)
+        rows = gather_rows(trainer, [self._samples, elapsed - self._val_seconds])
+        countable = all(r[0] >= 0 for r in rows)
+        samples = int(sum(r[0] for r in rows))
+        train_seconds = max(max(r[1] for r in rows), 1e-9)  # the slowest rank's
         steps = trainer.global_step - self._first_step
         resumed = f", resumed at step {self._first_step}" if self._first_step else ""
         rate = (
@@ -95,7 +87,7 @@ class RunSummary(pl.Callback):
         if self._first_step and trainer.ckpt_path:
             parts.append(f"earlier steps: see the run that wrote {trainer.ckpt_path}")
         best = _best_checkpoint(trainer)
-        if best is not None and best.monitor:
+        if best is not None:
             score = trainer.callback_metrics.get(best.monitor)
             if score is not None:
                 parts.append(f"{best.monitor} {float(score):.4f}")

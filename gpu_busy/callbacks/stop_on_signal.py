@@ -1,29 +1,19 @@
 """StopOnSignal: on SIGTERM or SIGINT, save a checkpoint that resumes exactly, then stop.
 
-A preempted job gets SIGTERM and a grace period; a person at the terminal presses Ctrl+C.
-Either way this callback lets the current step finish, writes ``last.ckpt`` in the run's
-checkpoint folder (so ``--ckpt_path last`` continues from that very step), and ends the
-run with one line and exit code 128 + the signal number (143 for SIGTERM, 130 for SIGINT),
-which is what schedulers expect from a process stopped by a signal. Ctrl+C a second time
-stops at once, without saving.
-
-Under DDP the ranks must stop at the same step (a rank that stops alone leaves the others
-waiting in a collective) and the signal may reach only some of them. So every
-``every_n_steps`` steps (default: ``log_every_n_steps``, right after a logging step, whose
-metrics Lightning has just read back) the ranks take the maximum of their flags in one
-all-reduce, and all stop on the same answer: at most ``every_n_steps`` steps after the
-signal. One process needs no agreement and checks after every step, for free.
-
-Lightning's own mechanism for this broadcasts a flag from rank zero and reads it back at
-every step (a collective and a host-device sync per step) and ends the process with exit
-code 0 without saving; this callback turns that broadcast off and takes the signal over
-from Lightning's handler.
+The current step finishes, ``last.ckpt`` is written in the run's checkpoint folder (so
+``--ckpt_path last`` continues from that very step), and the run ends with one line and
+exit code 128 + the signal (143, 130), as schedulers expect. A second Ctrl+C stops at
+once. Under DDP the ranks agree every ``every_n_steps`` steps (default
+``log_every_n_steps``, right after a logging step) in one all-reduce of their flags, so
+all stop at the same step; Lightning's own per-step broadcast (a collective and a sync
+every step, then exit code 0 without saving) is turned off. Details:
+docs/ARCHITECTURE.md, "Signals".
 
 Example::
 
     trainer = Trainer(strategy="ddp", callbacks=[StopOnSignal(every_n_steps=50)])
-    # error: stopped by SIGTERM at step 1234; saved runs/default/version_3/checkpoints/last.ckpt
-    #        (resume with --ckpt_path last)
+    # stopped: SIGTERM at step 1234; saved runs/default/version_3/checkpoints/last.ckpt
+    #          (resume with --ckpt_path last)
 """
 
 from __future__ import annotations

@@ -2,40 +2,22 @@
 
 Lightning copies each batch on the compute stream at the start of its own step, behind
 the previous step's kernels, so the copy never overlaps compute. With this callback the
-loop receives batches that are already on the device: the copy of the next batch was
-issued on a side stream before the current step's kernels, and the compute stream waits
-on the GPU for exactly that batch. Lightning's own transfer then finds the tensors on
-the device and does nothing; ``on_after_batch_transfer`` (where the template augments
-on the GPU) still runs on the compute stream, after the wait.
+loop receives batches already on the device (``gpu_busy.prefetch``); Lightning's own
+transfer finds nothing to move, and ``on_after_batch_transfer`` still runs on the compute
+stream. It works for fit, validate, test and predict; on a CPU the same look-ahead runs
+with plain moves. It reads no batch Lightning would not have read (``limit_*_batches``,
+``max_steps``); when training stops early for a reason known only later, up to ``depth``
+read batches go unused. A LightningModule or DataModule that overrides
+``on_before_batch_transfer`` or ``transfer_batch_to_device`` owns the copy: the
+prefetcher then steps aside and says so once. Details: docs/ARCHITECTURE.md,
+"Prefetching batches on a side stream".
+
+Figures under ``prefetch/`` at logging steps, from CUDA events read with ``query()``:
+the copy's time, the part the compute stream waited for, the share hidden.
 
 Example::
 
     trainer = Trainer(callbacks=[StreamPrefetcher()])      # depth=1, pins if needed
-    # or in a LightningCLI config:
-    #   - class_path: gpu_busy.callbacks.StreamPrefetcher
-
-Works for fit (training and validation), validate, test and predict; on a CPU the same
-look-ahead runs with plain moves and no CUDA streams.
-
-Hooks. When the LightningModule or DataModule overrides ``on_before_batch_transfer`` or
-``transfer_batch_to_device``, the prefetcher steps aside (one warning) and Lightning
-transfers as usual: those hooks expect host batches and own the copy. Move host-side work
-into the Dataset or ``collate_fn`` (it then runs in DataLoader workers) and device-side
-work into ``on_after_batch_transfer`` to get prefetching back.
-
-Reads. It never asks the DataLoader for more batches than Lightning would have: the look-
-ahead stops at the end of a limited epoch (``limit_*_batches``) and at ``max_steps``
-(worked out from ``accumulate_grad_batches``). When training stops early for a reason
-known only later (EarlyStopping, a Timer, ``trainer.should_stop``, or ``max_steps`` under
-manual optimisation), up to ``depth`` batches already read are dropped unused. For
-iterable datasets without a length, Lightning itself reads one batch ahead; the
-prefetcher reads ``depth`` more.
-
-Figures. Per logging window: the copy's time on the side stream, how much of it the
-compute stream had to wait for (exposed) and the share hidden behind compute. Read back
-from CUDA events with ``query()``, never a sync; reduced over ranks (the mean and, under
-DDP, ``_rank_max``); written by rank zero under ``prefetch/``. The host's wait for the
-DataLoader is the idle monitor's figure (``idle/loader_wait_ms``), timed once there.
 """
 
 from __future__ import annotations

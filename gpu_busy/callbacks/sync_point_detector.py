@@ -1,31 +1,21 @@
 """SyncPointDetector: which lines make the host wait for the GPU, step by step.
 
 A watched step runs under ``gpu_busy.syncs.detect_syncs`` from the end of the previous
-step to the end of this one, so the syncs Lightning adds between steps (metric logging,
-the progress bar, the DDP SIGTERM check, the data transfer) are seen with the step's own.
-Validation is not watched, nor the epoch boundaries.
+step to the end of this one, so the syncs Lightning adds between steps are seen with the
+step's own; validation and epoch boundaries are not watched. The first steps are always
+watched, then a sample whose cost stays within ``overhead_budget`` of the fit
+(``gpu_busy.syncs.sampling``); every rank watches the same steps. ``strict=True`` raises
+``SyncError`` at the first sync in a watched step that is neither a logging step nor
+right after one. On a CPU-only run CPU tensors count as device memory, so CPU CI finds
+the lines a GPU run would. Details: docs/ARCHITECTURE.md, "Finding host-device syncs".
+
+Figures: ``syncs/*`` at logging steps; at the end of fit rank zero prints every rank's
+sites with a fix each and the measured overhead, and writes ``syncs.json``.
 
 Example::
 
     trainer = Trainer(callbacks=[SyncPointDetector()])          # watch a 1% sample
     trainer = Trainer(callbacks=[SyncPointDetector(strict=True)])   # fail CI on a sync
-
-Sampling. The first steps are always watched; after that a step is watched only while
-the watching done so far, at its measured cost against a plain step, stays within
-``overhead_budget`` (1% by default) of the steps run (``gpu_busy.syncs.sampling``). Every
-rank watches the same steps: the cost estimate changes only at logging steps, from
-figures reduced over ranks.
-
-Figures. At each logging step: ``syncs/count`` for every watched step since the last log
-(mean over ranks, at that step), ``syncs/per_step`` and ``syncs/per_steady_step`` (the
-latter leaves out logging steps, where syncs are expected). At the end of fit, rank zero
-prints the call sites of all ranks, with a one-line fix each, and the measured overhead,
-and writes them to ``syncs.json`` in the run directory.
-
-``strict=True`` raises ``gpu_busy.syncs.SyncError`` at the first sync in a watched step
-that is not a logging step, with the line in the message. The detector counts CPU tensors
-as device memory on a CPU-only run (``device_type`` follows the root device), so a CPU
-CI run finds the same lines a GPU run would.
 """
 
 from __future__ import annotations
@@ -230,8 +220,8 @@ class SyncPointDetector(pl.Callback):
         n = int(gathered[0][0])
         world = len(gathered)
         per_step = [sum(r[4 + i] for r in gathered) / world for i in range(n)]
-        for (step, _, _, _), count in zip(rows, per_step, strict=False):
-            log_metrics(trainer, {"syncs/count": count}, step=step)
+        for (step, epoch, _, _), count in zip(rows, per_step, strict=False):
+            log_metrics(trainer, {"syncs/count": count}, step=step, epoch=epoch)
         if n:
             steady = [c for (*_, s), c in zip(rows, per_step, strict=False) if s]
             log_metrics(

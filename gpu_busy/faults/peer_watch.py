@@ -1,26 +1,13 @@
 """PeerWatch: every rank learns within bounded time that another rank failed.
 
-Under DDP a rank that raises or is killed leaves the others blocked in their next
-collective. Gloo notices a closed connection and raises a "Connection closed by peer"
-traceback that names nobody; NCCL waits for its timeout (30 minutes by default). This
-watch runs beside training, on a thread per rank, over a small key-value store of its
-own (a ``torch.distributed.TCPStore`` that rank zero hosts):
-
-- each rank counts a heartbeat every ``poll_interval`` seconds and reads the shared
-  ``failed`` record;
-- a rank that raises writes ``failed`` (the first writer wins) before it unwinds;
-- rank zero also watches the others: one whose process has exited (where the launcher's
-  children are known) or whose heartbeat stalled for ``peer_timeout`` seconds is written
-  up as failed; a rank that loses the store concludes that rank zero is gone.
-
-When a failure of another rank is recorded, ``on_failure(rank, reason)`` runs on the
-watch thread; the usual action is to say so once and leave the process, since the
-collective the main thread is blocked in will never complete.
-
-Bounds: a rank that raises is seen by the others within ``poll_interval``; one that dies
-silently (SIGKILL, the out-of-memory killer) within ``poll_interval`` when it was a child
-of rank zero's process and ``peer_timeout`` + ``poll_interval`` otherwise; rank zero's
-death within ``poll_interval``.
+Under DDP a rank that raises or dies leaves the others blocked in their next collective
+(gloo: a traceback naming nobody; NCCL: its 30-minute timeout). This watch runs on a
+thread per rank over a ``TCPStore`` of its own that rank zero hosts: each rank beats a
+heartbeat and reads the shared ``failed`` record every ``poll_interval``; a rank that
+raises writes ``failed`` (first writer wins); rank zero also declares failed a launcher
+child that exited or a rank whose heartbeat stalled for ``peer_timeout``. Then
+``on_failure(rank, reason)`` runs on the watch thread. Bounds and details:
+docs/ARCHITECTURE.md, "A failed rank".
 
 Example::
 

@@ -1,14 +1,8 @@
 """SIGTERM and SIGINT as a request to stop, which the training loop answers when it can.
 
-Python's default turns SIGINT into a ``KeyboardInterrupt`` wherever the main thread is,
-and SIGTERM ends the process: either way the steps since the last checkpoint are lost,
-and under DDP the other ranks are left waiting in a collective. Here the handler only
-records the signal; the loop polls ``requested`` at a step boundary, saves, and stops.
-A second SIGINT is the way out for someone who does not want to wait: it raises
-``KeyboardInterrupt`` at once.
-
-The handler does nothing else on purpose: it can run between any two bytecodes of the
-main thread, where printing or a collective could deadlock or interleave.
+The handler only records the signal: it can run between any two bytecodes of the main
+thread, where printing or a collective could deadlock. The loop polls ``requested`` at a
+step boundary, saves and stops; a second SIGINT raises ``KeyboardInterrupt`` at once.
 
 Example::
 

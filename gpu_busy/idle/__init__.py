@@ -4,6 +4,7 @@
   events read back with ``query()`` (host clocks on other devices);
 - ``analyze_trace``: span, busy and idle time from a profiler trace, per step, with NCCL
   apart and gaps classified (HTA's host-wait definition);
+- ``ProfilerWindows``: profiler windows now and then, saved and analysed;
 - ``IdleStats`` / ``StepSeries``: window sums that ranks can reduce, and a per-step series;
 - ``build_report`` / ``render_table`` / ``save_picture``: the end-of-run report.
 
@@ -14,6 +15,7 @@ Example::
 """
 
 from gpu_busy.idle.intervals import CAUSES
+from gpu_busy.idle.profiler_windows import ProfilerUnavailable, ProfilerWindows
 from gpu_busy.idle.report import build_report, render_table, save_picture
 from gpu_busy.idle.stats import IdleStats, StepSeries
 from gpu_busy.idle.step_timer import StepTimer, StepTiming, TimedReads
@@ -23,6 +25,8 @@ from gpu_busy.idle.trace import StepIdle, TraceIdle, analyze_trace
 __all__ = [
     "CAUSES",
     "IdleStats",
+    "ProfilerUnavailable",
+    "ProfilerWindows",
     "StepIdle",
     "StepSeries",
     "StepTimer",

@@ -1,13 +1,10 @@
-"""Exact idle time, now and then: a ``torch.profiler`` window over a few training steps,
-saved as a Chrome trace and analysed with ``analyze_trace``.
+"""Exact idle time, now and then: ``torch.profiler`` windows over a few steps, analysed.
 
-A window opens at a step boundary: every ``every_n_steps`` steps, on ``request()``, or
-when the file ``trigger`` was touched since the last look (checked where the caller
-says, at logging steps in the Lightning callback). It spends one step warming the
-profiler up, records ``steps`` steps, exports ``rank<R>-step<S>.pt.trace.json`` into
-``folder`` (a temporary folder, deleted after the analysis, when ``folder`` is None) and
-keeps the analysis in ``results``. ``stop()`` cuts an open window short and drops it
-(validation or an epoch end would land inside it).
+A window opens at a step boundary (every ``every_n_steps`` steps, on ``request()``, or
+once ``trigger`` was touched), warms the profiler up for one step, records ``steps``
+steps, exports ``rank<R>-step<S>.pt.trace.json`` to ``folder`` (or to a temporary file
+when None) and keeps ``analyze_trace``'s result in ``results``. ``stop()`` drops a window
+cut short (validation or an epoch end would land inside it).
 
 Example::
 
@@ -16,8 +13,7 @@ Example::
         train_step()
         windows.after_step(step + 1)          # steps ended so far
     windows.stop()
-    print(windows.results)                    # one analysis per window
-    windows.profiled(7)                       # was step 7 slowed down by a profiler?
+    print(windows.results, windows.profiled(7))   # was step 7 under a profiler?
 """
 
 from __future__ import annotations
@@ -79,14 +75,16 @@ class ProfilerWindows:
         make_profiler: Callable[[Callable[[Any], None]], Any] | None = None,
     ) -> None:
         self.every_n_steps = every_n_steps
-        self.folder = folder
-        self.trigger = trigger
-        self.rank = rank
-        self.make_profiler = make_profiler or torch_profiler(steps, cuda=False)
+        self._requested = False
+        self.set_up(folder, trigger, rank, make_profiler or torch_profiler(steps, cuda=False))
+
+    def set_up(self, folder: Path | None, trigger: Path | None, rank: int, make_profiler):
+        """Start afresh (a new fit): where traces go, what triggers one, how to profile."""
+        self.folder, self.trigger, self.rank = folder, trigger, rank
+        self.make_profiler = make_profiler
         self.results: list[dict] = []
         self.seconds = 0.0  # host time spent starting, exporting and analysing windows
         self._window: _Window | None = None
-        self._requested = False
         self._spans: list[tuple[int, int]] = []  # closed windows: first, last step slowed
         self._trigger_mtime = self._trigger_time()
 

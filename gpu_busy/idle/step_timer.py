@@ -4,19 +4,13 @@ Four marks per training step, recorded on the compute stream as the host passes 
 
     end(N-1) ──idle── ready(N) ──transfer── start(N) ──device── end(N)
 
-- ``ready``: the host got the step's batch from the DataLoader (the last read before
-  the step). From ``end(N-1)`` to here the compute stream had nothing to run: if the GPU
-  drained, ``ready`` runs as soon as the host records it, so the span is the idle time.
-- ``transfer``: the batch's copy on the compute stream (Lightning's default transfer), or
-  the compute stream's wait for a side-stream copy (a prefetcher), plus
-  ``on_after_batch_transfer``.
-- ``device``: the step itself, from the first kernel the host enqueued to the last.
-
-Events come from a bounded pool and are read back with ``query()`` once they have
-completed (usually a step or two later), never with ``synchronize()``: the timer adds no
-sync and holds a fixed number of events however long the run. On a device without CUDA
-the same code runs with host clocks standing in for events; the figures that only a GPU
-queue gives (sync stall, launch-bound) are then None, never a guess.
+``ready`` is recorded when the DataLoader handed over the step's batch: if the GPU
+drained before then, ``ready`` runs as soon as it is enqueued, so ``end(N-1) → ready(N)``
+is the time the compute stream had nothing to run. Events come from a bounded pool and
+are read back with ``query()`` once complete, never with ``synchronize()``. Off CUDA, host
+clocks stand in for events and the figures only a GPU queue gives are None. How the idle
+interval is split into causes (data wait, sync stall, launch-bound, other) and the blind
+spots: docs/ARCHITECTURE.md, "Idle time".
 
 Example::
 
@@ -27,21 +21,6 @@ Example::
         timer.end_step()
         for t in timer.poll():                # the steps whose events have completed
             print(t.step, t.idle_ms, t.causes)
-
-Idle is split by cause (definitions in docs/ARCHITECTURE.md, "Idle time"): the idle
-interval is placed on the host clock (it ends when the host recorded ``ready``), then
-
-- ``data_wait``: the part during which the host was waiting for the DataLoader;
-- the rest is ``sync_stall`` when the host started a sync (CUDA's sync debug mode, see
-  ``SyncMarks``) between the previous step's end and the moment the GPU drained, or
-  during the previous step when the GPU ran dry at its end; else ``launch_bound`` when
-  the GPU had already run out of work by the time the host finished enqueueing the
-  previous step; else ``other`` (the host was busy between steps: loop overhead,
-  logging, callbacks).
-
-Blind spots: idle *inside* a step (after a mid-step sync, or a launch-bound step) is
-counted in ``device``; work on other streams is not seen. Profiler windows
-(``analyze_trace``) see both.
 """
 
 from __future__ import annotations

@@ -1,30 +1,16 @@
 """Exact GPU idle time from a profiler trace: what the step-boundary events cannot see.
 
-``analyze_trace`` reads a Chrome-trace JSON as ``torch.profiler`` exports it (a path,
-gzipped or not, or the loaded dict) and measures device activity: every event of
-category ``kernel``, ``gpu_memcpy`` or ``gpu_memset``, on any device and stream.
-
-- ``span_ms``: last end minus first start of those events;
-- ``busy_ms``: the length of the union of their intervals (overlapping streams count once);
-- ``idle_ms``: ``span_ms - busy_ms``.
-
-The same three figures per profiler step (``ProfilerStep#N``; a device event belongs to
-the step whose host code launched it), plus the gap between a step's device work and the
-previous step's. NCCL kernels are reported apart from compute (``nccl_ms``), and
-``idle_without_nccl_ms`` counts time covered only by NCCL as idle, since a collective
-waiting for a slow peer looks busy.
-
-Each gap between device activity is classified as in Holistic Trace Analysis: a **host
-wait** when the work after the gap was launched on the host after the work before it had
-ended (the GPU waited for the host); otherwise the GPU waited on itself (another stream,
-an event) and the gap counts as ``other``. Host waits are split further, by what the host
-was doing when the GPU ran out of work, into the causes the step timer uses:
-``data_wait`` (inside a DataLoader read), ``sync_stall`` (inside a synchronizing CUDA
-call), ``launch_bound`` (inside an operator that was still enqueueing) and ``other``.
+``analyze_trace`` reads a Chrome trace as ``torch.profiler`` exports it (a path, gzipped
+or not, or the loaded dict). Device activity is every ``kernel``, ``gpu_memcpy`` and
+``gpu_memset`` event on any stream: ``span_ms`` (last end minus first start), ``busy_ms``
+(the union of the intervals) and ``idle_ms``, for the whole trace and per
+``ProfilerStep#N``; NCCL apart (``nccl_ms``, ``idle_without_nccl_ms``). Each gap is a host
+wait or not as Holistic Trace Analysis defines it, and host waits get the step timer's
+causes from what the host was doing when the GPU ran dry. Details:
+docs/ARCHITECTURE.md, "Idle time".
 
 Example::
 
-    from gpu_busy.idle import analyze_trace
     result = analyze_trace("runs/default/version_0/traces/rank0-step100.pt.trace.json")
     print(result.span_ms, result.busy_ms, result.idle_ms, result.causes)
     for step in result.steps:

@@ -1,10 +1,15 @@
 """Find every operation that makes the host wait for the device, and name the line.
 
-A host-device sync stalls the Python thread until the GPU has finished everything queued
-before it; the GPU then idles while the host catches up. ``detect_syncs`` records each
-one while it is active, with the innermost frame of *your* code (the first frame, going
-outward from the op, that is not inside an installed library, the standard library or
-this package), the library call chain in between, and the phase (forward or backward).
+``detect_syncs`` records each sync while it is active, with the innermost frame of *your*
+code (going outward from the op: not an installed library, the standard library or this
+package's mechanisms), the library chain in between and the phase. Three layers see them:
+a ``TorchDispatchMode`` with a table of the aten ops that read device memory back, a
+``TorchFunctionMode`` for the Python-level reads (``.item()``, ``bool(t)``, ``.cpu()``,
+``.tolist()``, ``print(t)``, ...), and wrappers around explicit ``synchronize()``; on CUDA
+``set_sync_debug_mode("warn")`` catches what the table misses. With ``device_type="cpu"``
+every CPU tensor counts as device memory, so a machine without a GPU finds the same
+lines. Active, it costs a Python call per aten op: watch a sample of steps, as
+``SyncPointDetector`` does. Details: docs/ARCHITECTURE.md, "Finding host-device syncs".
 
 Example::
 
@@ -15,28 +20,6 @@ Example::
         print(e)        # "Tensor.item() at train.py:42 in step: print(f'loss {loss...'"
 
     assert_no_syncs(training_step, batch, device_type="cpu")   # in CI, no GPU needed
-
-Three layers see the syncs:
-
-- a ``TorchDispatchMode`` matches the aten ops known to read device memory back to the
-  host (``_local_scalar_dense``, ``nonzero``, boolean-mask ``index``, ``masked_select``,
-  ``unique``, ``repeat_interleave`` without ``output_size``, ...), whatever Python API
-  reached them, in forward and backward;
-- a ``TorchFunctionMode`` names the Python-level reads that a dispatch mode cannot see
-  on a CPU or that it sees only as an anonymous scalar read (``.item()``, ``bool(t)``,
-  ``float(t)``, ``.cpu()``, ``.to("cpu")``, ``.tolist()``, ``.numpy()``,
-  ``np.asarray(t)``, ``print``/``repr``/``format`` of a tensor); the ops they run
-  underneath are not counted again;
-- explicit ``synchronize()`` calls (``torch.cuda``, its streams and events, ``torch.cpu``,
-  ``torch.accelerator``) are wrapped while the detector is active.
-
-On CUDA, ``torch.cuda.set_sync_debug_mode("warn")`` is also armed for the region and its
-warnings become events at your line, so syncs that the table above misses are still
-caught. With ``device_type="cpu"`` every CPU tensor counts as device memory: the same
-code finds the same lines on a machine without a GPU (the CUDA layer is then off).
-
-The detector is slow while active (a Python call per aten op): watch a sample of steps,
-as ``gpu_busy.callbacks.SyncPointDetector`` does.
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
 """Choose which steps to watch so that an expensive probe costs a bounded share of time.
 
-A watched step costs ``extra`` (a fraction of a plain step, a median over recent steps,
-re-measured as the run goes on) more than a plain one. The schedule keeps an account:
-after ``n`` steps of which ``w`` were watched, the probe has cost ``w * extra`` plain
-steps, and step ``n`` is watched only if ``(w + 1) * extra <= budget * (n + 1)``. So the
-whole fit, the always-watched first steps included, costs at most ``budget`` of its time
-once it is long enough to pay those back (``first * extra / budget`` steps); in steady
-state that is one step in ``ceil(extra / budget)``.
-
-The decision for a step depends only on the step number, the steps watched so far and
-``extra``, which changes only in ``update()``: processes that call ``update()`` at the
-same steps with the same figures (reduced over ranks) watch the same steps.
+A watched step costs ``extra`` (a fraction of a plain step) more than a plain one; step
+``n``, after ``w`` watched, is watched only if ``(w + 1) * extra <= budget * (n + 1)``.
+The decision depends only on the step number, the steps watched and ``extra``, which
+changes only in ``update()``: ranks that update with the same reduced figures watch the
+same steps. Details: docs/ARCHITECTURE.md, "Finding host-device syncs".
 
 Example::
 

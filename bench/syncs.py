@@ -199,7 +199,7 @@ def count_syncs(device: str, steps: int) -> dict:
 
 def sync_figures(detector: SyncPointDetector) -> dict:
     """Syncs per watched and per steady step after a fit, all and real (not simulated)."""
-    rows = detector.report_table.rows()
+    rows = detector.table.rows()
     summary = detector.report
     watched, steady = summary["watched_steps"], summary["steady_watched_steps"]
     real = [r for r in rows if not r["simulated"]]

@@ -20,15 +20,17 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from operator import itemgetter
 from typing import Any
 
 from gpu_busy import lightning_compat as compat
 
 _routed_classes: dict[type, type] = {}
+_by_position = itemgetter(0)  # layers are (position, make_iterator)
 
 
 def _routed_class(base: type) -> type:
-    """``base`` with ``next()`` going through the layers in ``_tpl_layers``.
+    """``base`` with ``next()`` going through the layers in ``_routing_layers``.
 
     Single inheritance on purpose: CPython refuses ``__class__`` assignment to a class
     with an extra base (the instance layout check fails).
@@ -36,32 +38,28 @@ def _routed_class(base: type) -> type:
     if base not in _routed_classes:
 
         class Routed(base):
-            _tpl_base = base
-            _tpl_iterator: Iterator | None = None
+            _routing_base = base
+            _routing_iterator: Iterator | None = None
 
             def __iter__(self):
-                self._tpl_iterator = None
+                self._routing_iterator = None
                 return base.__iter__(self)
 
             def __next__(self):
-                if self._tpl_iterator is None:
+                if self._routing_iterator is None:
                     items = _own_items(self, base)
-                    for _, make_iterator in sorted(self._tpl_layers.values(), key=_position):
+                    for _, make_iterator in sorted(self._routing_layers.values(), key=_by_position):
                         items = make_iterator(items)
-                    self._tpl_iterator = items
-                return next(self._tpl_iterator)
+                    self._routing_iterator = items
+                return next(self._routing_iterator)
 
             def reset(self) -> None:
-                self._tpl_iterator = None
+                self._routing_iterator = None
                 base.reset(self)
 
         Routed.__name__ = Routed.__qualname__ = f"Routed{base.__name__}"
         _routed_classes[base] = Routed
     return _routed_classes[base]
-
-
-def _position(layer: tuple[int, Callable]) -> int:
-    return layer[0]
 
 
 def _own_items(loader: Any, base: type) -> Iterator:
@@ -74,7 +72,7 @@ def _own_items(loader: Any, base: type) -> Iterator:
 
 
 def _is_routed(loader: Any) -> bool:
-    return "_tpl_base" in type(loader).__dict__
+    return "_routing_base" in type(loader).__dict__
 
 
 def route_batches(
@@ -97,9 +95,9 @@ def route_batches(
         return None
     if not _is_routed(loader):
         loader.__class__ = _routed_class(type(loader))
-        loader._tpl_iterator = None
-        loader._tpl_layers = {}
-    loader._tpl_layers[layer] = (position, make_iterator)
+        loader._routing_iterator = None
+        loader._routing_layers = {}
+    loader._routing_layers[layer] = (position, make_iterator)
     return loader
 
 
@@ -108,8 +106,8 @@ def unroute(loader: Any, layer: str = "prefetch") -> None:
     the loader's own class."""
     if not _is_routed(loader):
         return
-    loader._tpl_layers.pop(layer, None)
-    if not loader._tpl_layers:
-        loader.__class__ = type(loader)._tpl_base
-        for name in ("_tpl_iterator", "_tpl_layers"):
+    loader._routing_layers.pop(layer, None)
+    if not loader._routing_layers:
+        loader.__class__ = type(loader)._routing_base
+        for name in ("_routing_iterator", "_routing_layers"):
             loader.__dict__.pop(name, None)

@@ -1,6 +1,7 @@
 """A pytest fixture that fails a test on any host-device sync, listing the lines.
 
-Enable it in your ``conftest.py`` with ``pytest_plugins = ["pytest_gpu_busy"]``.
+Installing ``gpu_busy`` registers it with pytest (a ``pytest11`` entry point): the fixture
+is there in every test, with no ``pytest_plugins`` line.
 
 Example::
 

@@ -16,6 +16,13 @@ DEFAULT = str(CONFIGS / "default.yaml")
 DEBUG = str(CONFIGS / "debug.yaml")
 
 
+def pytest_configure(config):
+    # Installed, the no_syncs plugin is registered by its pytest11 entry point; from a bare
+    # checkout (a GPU machine with torch but without this project installed) load it here.
+    if not config.pluginmanager.hasplugin("gpu_busy"):
+        config.pluginmanager.import_plugin("pytest_gpu_busy")
+
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return

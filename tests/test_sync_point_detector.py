@@ -54,7 +54,7 @@ def test_reports_the_users_line_with_a_fix_once(tmp_path, caplog):
     detector = SyncPointDetector(first_steps=100)  # watch every step
     with caplog.at_level(logging.INFO):
         trainer = _fit(tmp_path, ItemInStep(width=4), [detector], max_epochs=2)
-    sites = [s for s in detector.report_table.sites.values() if s.function == "training_step"]
+    sites = [s for s in detector.table.sites.values() if s.function == "training_step"]
     user = [s for s in sites if "self.last_loss = loss.item()" in s.code]
     assert len(user) == 1
     (site,) = user
@@ -63,7 +63,7 @@ def test_reports_the_users_line_with_a_fix_once(tmp_path, caplog):
     # logging steps 4, 9, 14, 19 and the windows right after them (Lightning writes then)
     assert site.steady_count == 24 - 8
     assert "self.log" in site.hint
-    assert not [s for s in detector.report_table.sites.values() if "batch[1]" in s.code]
+    assert not [s for s in detector.table.sites.values() if "batch[1]" in s.code]
     report = [r.getMessage() for r in caplog.records if "sync points:" in r.getMessage()]
     assert len(report) == 1 and "24 watched step(s) of 24" in report[0]
     assert any("self.last_loss = loss.item()" in r.getMessage() for r in caplog.records)
@@ -171,5 +171,5 @@ def test_a_second_fit_reports_its_own_sites_only(tmp_path):
     detector = SyncPointDetector(first_steps=100)
     for run in ("first", "second"):
         _fit(tmp_path / run, ItemInStep(width=4), [detector])
-        (site,) = [s for s in detector.report_table.sites.values() if ".item()" in s.code]
+        (site,) = [s for s in detector.table.sites.values() if ".item()" in s.code]
         assert site.count == 12 and detector.report["watched_steps"] == 12

@@ -415,3 +415,14 @@ def test_watch_schedules_with_the_same_updates_agree():
             a.update(0.25, 0.1)
             b.update(0.25, 0.1)
     assert all(seen)
+
+
+def test_the_no_syncs_fixture_comes_with_the_installed_package(no_syncs, request):
+    from importlib.metadata import entry_points
+
+    (entry,) = [e for e in entry_points(group="pytest11") if e.name == "gpu_busy"]
+    assert entry.value == "pytest_gpu_busy" and request.config.pluginmanager.hasplugin("gpu_busy")
+    with no_syncs(device_type="cpu"):
+        (torch.ones(3) * 2).sum()
+    with pytest.raises(pytest.fail.Exception, match=r"Tensor\.item\(\)"), no_syncs("cpu"):
+        torch.ones(3).sum().item()

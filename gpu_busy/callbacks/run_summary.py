@@ -72,7 +72,7 @@ class RunSummary(pl.Callback):
         rows = gather_rows(trainer, [self._samples, elapsed - self._val_seconds])
         countable = all(r[0] >= 0 for r in rows)
         samples = int(sum(r[0] for r in rows))
-        train_seconds = max(max(r[1] for r in rows), 1e-9)  # the slowest rank's
+        train_seconds = max(max(r[1] for r in rows), 1e-9)  # the longest of the ranks
         steps = trainer.global_step - self._first_step
         resumed = f", resumed at step {self._first_step}" if self._first_step else ""
         rate = (

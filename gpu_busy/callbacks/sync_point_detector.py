@@ -75,8 +75,7 @@ class SyncPointDetector(pl.Callback):
         self._reset_run()
 
     def _reset_run(self) -> None:
-        self.table = SyncSiteTable()  # this rank's sites in this fit
-        self.report_table = self.table  # after fit: the sites of all ranks
+        self.table = SyncSiteTable()  # this rank's sites in this fit; after it, every rank's
         self._step = 0  # batches seen in this fit: the schedule's clock, equal on all ranks
         self._watching = False  # the current window is watched
         self._after_logging = False  # the window began right after a logging step
@@ -240,7 +239,7 @@ class SyncPointDetector(pl.Callback):
         totals = WatchedSums()
         for row in gather_rows(trainer, self.totals.as_list()):
             totals.add(WatchedSums.from_list(row))
-        self.report_table = merged
+        self.table = merged
         self.report = self._summary(trainer, totals)
         folder = run_dir(trainer)  # every rank asks: a broadcast under DDP
         headline = (
@@ -269,7 +268,7 @@ class SyncPointDetector(pl.Callback):
             "watched_step_overhead": ratio,
             "amortised_overhead": amortised,
             "interval": self.schedule.interval,
-            "sites": len(self.report_table.sites),
+            "sites": len(self.table.sites),
         }
 
 

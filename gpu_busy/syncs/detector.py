@@ -75,11 +75,11 @@ class SyncEvent:
     simulated: bool = False
 
     @property
-    def site(self) -> str:
+    def location(self) -> str:
         return f"{_short_path(self.filename)}:{self.lineno}"
 
     def __str__(self) -> str:
-        where = f"{self.op} at {self.site}"
+        where = f"{self.op} at {self.location}"
         if self.function:
             where += f" in {self.function}"
         if self.via:
@@ -102,7 +102,7 @@ _STDLIB_DIRS = tuple(
     {os.path.abspath(p) for p in (sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib"))}
 )
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
-_SITE = re.compile(r"[\\/](?:site|dist)-packages[\\/]")
+_INSTALLED = re.compile(r"[\\/](?:site|dist)-packages[\\/]")
 _is_library_cache: dict[str, bool] = {}
 
 
@@ -114,7 +114,7 @@ def _is_library(filename: str) -> bool:
         known = (
             filename.startswith("<frozen")
             or (path.startswith(_PACKAGE_DIR) and not path.startswith(_CALLBACKS_DIR))
-            or bool(_SITE.search(path))
+            or bool(_INSTALLED.search(path))
             or path.startswith(_STDLIB_DIRS)
         )
         _is_library_cache[filename] = known
@@ -123,7 +123,7 @@ def _is_library(filename: str) -> bool:
 
 def _short_path(filename: str) -> str:
     """Path after site-packages for libraries, relative to the working directory otherwise."""
-    m = _SITE.search(filename)
+    m = _INSTALLED.search(filename)
     if m:
         return filename[m.end() :]
     try:
@@ -203,10 +203,11 @@ class SyncDetector:
         self,
         op: str,
         aten: str | None = None,
-        site: SyncEvent | None = None,
+        forward: SyncEvent | None = None,
         simulated: bool = False,
     ) -> None:
-        """Add an event for ``op`` at the current user frame (or at ``site``'s, from forward)."""
+        """Add an event for ``op`` at the current user frame (or at ``forward``'s: a backward
+        op is attributed to the forward line that built it)."""
         if self._inside:
             return
         if self.device_type == "cpu" and _in_data_loader():
@@ -215,10 +216,10 @@ class SyncDetector:
             return
         backward = torch._C._current_autograd_node() is not None
         phase = "backward" if backward else self.phase
-        if site is not None:  # a backward op attributed to the forward line that made it
+        if forward is not None:
             event = SyncEvent(
-                op, site.filename, site.lineno, site.function, site.code, phase, aten, site.chain,
-                site.via, simulated,
+                op, forward.filename, forward.lineno, forward.function, forward.code, phase,
+                aten, forward.chain, forward.via, simulated,
             )  # fmt: skip
         else:
             event = _event_here(op, phase, aten, simulated)
@@ -459,20 +460,20 @@ class _DispatchLayer(TorchDispatchMode):
         sync = entry is not None and not d._inside and entry[1](d, args, kwargs)
         if sync:
             label = entry[0]
-            site = None
+            forward = None
             if func.overloadpacket in _MASK_BACKWARD_OPS:
                 node = torch._C._current_autograd_node()
                 if node is not None:
                     label = "backward of x[mask] (boolean-mask index)"
-                    site = node.metadata.get(_SITE_KEY)
-            d.record(label, aten=str(func), site=site)
+                    forward = node.metadata.get(_FORWARD_EVENT)
+            d.record(label, aten=str(func), forward=forward)
         return d.run_op(func, args, kwargs, str(func), counted=sync)
 
 
 _MASK_BACKWARD_OPS = {
     getattr(aten, n) for n in ("index_put", "index_put_", "_index_put_impl_") if hasattr(aten, n)
 }
-_SITE_KEY = "template_sync_site"
+_FORWARD_EVENT = "gpu_busy_forward_event"
 
 
 # -- layer 2: Python-level reads (TorchFunctionMode) --------------------------------------
@@ -535,7 +536,7 @@ def _tag_mask_index(func, args: tuple, kwargs: dict):
     indices = index if isinstance(index, tuple) else (index,)
     grad_fn = getattr(out, "grad_fn", None)
     if grad_fn is not None and _has_mask(indices):
-        grad_fn.metadata[_SITE_KEY] = _event_here("x[mask]", "forward", None)
+        grad_fn.metadata[_FORWARD_EVENT] = _event_here("x[mask]", "forward", None)
     return out
 
 

@@ -125,8 +125,8 @@ class SyncSite:
         return (self.filename, self.lineno, self.op, self.phase)
 
     @property
-    def site(self) -> str:
-        return SyncEvent(self.op, self.filename, self.lineno).site
+    def location(self) -> str:
+        return SyncEvent(self.op, self.filename, self.lineno).location
 
 
 class SyncSiteTable:
@@ -166,14 +166,14 @@ class SyncSiteTable:
 
     def render(self, limit: int = 20) -> list[str]:
         """Sites by count, each with its fix. Empty when nothing synced."""
-        ordered = sorted(self.sites.values(), key=lambda s: (-s.steady_count, -s.count, s.site))
+        ordered = sorted(self.sites.values(), key=lambda s: (-s.steady_count, -s.count, s.location))
         lines = []
         for s in ordered[:limit]:
             when = "" if s.steady_count else " (logging steps only)"
             when += " [CPU simulation only]" if s.simulated else ""
             via = f" via {s.via}" if s.via else ""
             steps = ", ".join(map(str, s.steps)) + (", ..." if s.count > len(s.steps) else "")
-            lines.append(f"  {s.count:6d}x  {s.site}  [{s.phase}]  {s.op}{when}{via}")
+            lines.append(f"  {s.count:6d}x  {s.location}  [{s.phase}]  {s.op}{when}{via}")
             lines.append(f"           steps {steps}")
             if s.code:
                 lines.append(f"           {s.code}")

@@ -12,6 +12,7 @@ Example::
     window = Waits(); window.steps += 1
     done = window.take()                       # a copy; the window starts again at zero
     total = Waits.from_list(gathered.sum(0).tolist())   # after an all-gather over ranks
+    mean, most = mean_and_max([r.means() for r in per_rank])  # figures over ranks
 """
 
 from __future__ import annotations
@@ -49,3 +50,17 @@ class WindowSums:
                 for name, v in zip(names, values, strict=True)
             }
         )
+
+
+def mean_and_max(
+    per_rank: list[dict[str, float | None]],
+) -> tuple[dict[str, float | None], dict[str, float | None]]:
+    """Key by key over the ranks' figures: the mean, and the largest single rank's value
+    (where a straggler shows). None where no rank has the figure."""
+    mean: dict[str, float | None] = {}
+    most: dict[str, float | None] = {}
+    for key in per_rank[0] if per_rank else []:
+        values = [r[key] for r in per_rank if r.get(key) is not None]
+        mean[key] = sum(values) / len(values) if values else None
+        most[key] = max(values) if values else None
+    return mean, most

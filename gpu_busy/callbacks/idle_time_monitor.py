@@ -26,7 +26,7 @@ from gpu_busy.callbacks.ranks import (
     gather_objects,
     gather_rows,
     log_metrics,
-    mean_and_max,
+    over_ranks,
     publish,
     run_dir,
 )
@@ -174,8 +174,8 @@ class IdleTimeMonitor(pl.Callback):
         self.total.add(window)
         rows = gather_rows(trainer, window.as_list())
         cuda = self.timer.is_cuda
-        figures = mean_and_max([IdleStats.from_list(r).means(cuda) for r in rows])
-        log_metrics(trainer, {f"idle/{k}": v for k, v in figures.items()})
+        per_rank = [IdleStats.from_list(r).means(cuda) for r in rows]
+        log_metrics(trainer, over_ranks(per_rank, prefix="idle/"))
 
     # -- the end of fit ------------------------------------------------------------------
 

@@ -7,7 +7,7 @@ twin the largest single rank's value (the straggler), for every figure alike.
 Example::
 
     per_rank = [IdleStats.from_list(r) for r in gather_rows(trainer, window.as_list())]
-    log_metrics(trainer, mean_and_max([s.means(cuda) for s in per_rank]))
+    log_metrics(trainer, over_ranks([s.means(cuda) for s in per_rank], prefix="idle/"))
     publish(trainer, "idle", report, lines, run_dir(trainer))   # log lines + idle.json
 """
 
@@ -22,6 +22,7 @@ import torch
 
 from gpu_busy import lightning_compat as compat
 from gpu_busy.log import get_logger
+from gpu_busy.window_sums import mean_and_max
 
 log = get_logger(__name__)
 
@@ -43,15 +44,13 @@ def gather_objects(trainer: pl.Trainer, obj: Any) -> list:
     return out
 
 
-def mean_and_max(per_rank: list[dict[str, float | None]]) -> dict[str, float | None]:
-    """Key by key over ranks: the mean, and under ``<key>_rank_max`` the largest value
-    (with more than one rank). None where no rank has the figure."""
-    out: dict[str, float | None] = {}
-    for key in per_rank[0] if per_rank else []:
-        values = [r[key] for r in per_rank if r.get(key) is not None]
-        out[key] = sum(values) / len(values) if values else None
-        if len(per_rank) > 1:
-            out[f"{key}_rank_max"] = max(values) if values else None
+def over_ranks(per_rank: list[dict[str, float | None]], prefix: str) -> dict[str, float | None]:
+    """The metrics of per-rank figures: ``<prefix><key>``, the mean over ranks, and under
+    DDP ``<prefix><key>_rank_max``, the largest single rank's value."""
+    mean, most = mean_and_max(per_rank)
+    out = {f"{prefix}{k}": v for k, v in mean.items()}
+    if len(per_rank) > 1:
+        out.update({f"{prefix}{k}_rank_max": v for k, v in most.items()})
     return out
 
 

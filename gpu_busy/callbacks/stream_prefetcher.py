@@ -28,7 +28,7 @@ from lightning.pytorch.utilities.model_helpers import is_overridden
 
 from gpu_busy import batch_routing
 from gpu_busy import lightning_compat as compat
-from gpu_busy.callbacks.ranks import gather_rows, log_metrics, mean_and_max, publish, run_dir
+from gpu_busy.callbacks.ranks import gather_rows, log_metrics, over_ranks, publish, run_dir
 from gpu_busy.log import get_logger
 from gpu_busy.prefetch import PrefetchIterator, PrefetchStats, StreamCopier
 
@@ -138,8 +138,8 @@ class StreamPrefetcher(pl.Callback):
         if self.enabled and self.log_stats and compat.is_logging_step(trainer):
             window = self.train_stats.take()
             self.train_total.add(window)
-            figures = mean_and_max([s.means() for s in self._per_rank(trainer, window)])
-            log_metrics(trainer, {f"prefetch/{k}": v for k, v in figures.items()})
+            per_rank = [s.means() for s in self._per_rank(trainer, window)]
+            log_metrics(trainer, over_ranks(per_rank, prefix="prefetch/"))
 
     def on_train_end(self, trainer, pl_module) -> None:
         if not self.enabled or self._copier is None:

@@ -22,6 +22,7 @@ from typing import Any
 
 from gpu_busy.idle.intervals import CAUSES
 from gpu_busy.idle.stats import IdleStats, StepSeries
+from gpu_busy.window_sums import mean_and_max
 
 _CAUSE_LABELS = {
     "data_wait": "data wait",
@@ -34,20 +35,14 @@ _CAUSE_LABELS = {
 def build_report(
     per_rank: list[IdleStats], *, cuda: bool, clock: str, traces: list[dict] | None = None
 ) -> dict[str, Any]:
-    total = IdleStats()
-    for stats in per_rank:
-        total.add(stats)
     ranks = [s.means(cuda) for s in per_rank]
-    rank_max = {
-        key: max((r[key] for r in ranks if r[key] is not None), default=None)
-        for key in (ranks[0] if ranks else {})
-    }
+    mean, rank_max = mean_and_max(ranks)  # as the metrics reduce them
     return {
         "clock": clock,
         "world_size": len(per_rank),
         "steps": per_rank[0].steps if per_rank else 0,
         "timed_steps": per_rank[0].timed_steps if per_rank else 0,
-        "mean": total.means(cuda),
+        "mean": mean,
         "rank_max": rank_max,
         "ranks": [{"rank": i, **r} for i, r in enumerate(ranks)],
         "traces": traces or [],

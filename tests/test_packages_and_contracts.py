@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import re
 import subprocess
 import sys
@@ -55,7 +56,7 @@ def test_the_measuring_package_serves_a_plain_lightning_script(tmp_path):
             """
         )
     )
-    env = {k: v for k, v in __import__("os").environ.items() if k != "PYTHONPATH"}
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     result = subprocess.run(
         [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True
     )
@@ -137,3 +138,26 @@ def test_reports_name_ranks_and_keep_one_name_per_quantity(in_tmp):
     assert [r["rank"] for r in idle["ranks"]] == [0]
     assert "loader_wait_ms" in idle["mean"] and "host_data_wait_ms" not in idle["mean"]
     assert "prefetch" not in idle and "syncs" not in idle  # each callback its own file
+
+
+def test_the_tensorboard_overlay_trains_or_says_in_one_line_what_to_install(in_tmp, capsys):
+    import importlib.util
+
+    overlay = str(ROOT / "configs" / "tensorboard.yaml")
+    code = main(["fit", "--config", DEFAULT, "--config", DEBUG, "--config", overlay])
+    if importlib.util.find_spec("tensorboard") is not None:
+        assert code == 0
+        assert list((in_tmp / "runs" / "default" / "version_0").glob("events.out.tfevents.*"))
+    else:  # the optional extra is not installed: one line that names it
+        assert code == 2
+        (line,) = [x for x in capsys.readouterr().err.splitlines() if x.startswith("error:")]
+        assert "tensorboard" in line
+
+
+def test_make_train_puts_runs_where_runs_says():
+    result = subprocess.run(
+        ["make", "-n", "train", "RUNS=/scratch/me/runs", "PY=python3"],
+        cwd=ROOT, capture_output=True, text=True,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "--trainer.logger.init_args.save_dir=/scratch/me/runs" in result.stdout

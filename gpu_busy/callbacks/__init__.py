@@ -1,5 +1,6 @@
-"""Lightning callbacks: thin adapters over the mechanisms in ``gpu_busy.syncs`` and
-``gpu_busy.faults``."""
+"""Lightning callbacks, one per file: thin adapters over the mechanisms in ``gpu_busy``
+(``prefetch``, ``syncs``, ``idle``, ``faults``, ``resume``); ``ranks`` gathers their
+figures over ranks and writes them once."""
 
 from gpu_busy.callbacks.checkpoint_rng_state import CheckpointRngState
 from gpu_busy.callbacks.idle_time_monitor import IdleTimeMonitor

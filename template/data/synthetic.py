@@ -15,17 +15,9 @@ from __future__ import annotations
 import torch
 
 CLASSES = (
-    "disk",
-    "ring",
-    "square",
-    "frame",
-    "triangle",
-    "cross",
-    "h-stripes",
-    "v-stripes",
-    "diagonal",
-    "checker",
-)
+    "disk", "ring", "square", "frame", "triangle", "cross", "h-stripes", "v-stripes",
+    "diagonal", "checker",
+)  # fmt: skip
 IMAGE_SIZE = 32
 
 

@@ -426,3 +426,67 @@ def test_the_no_syncs_fixture_comes_with_the_installed_package(no_syncs, request
         (torch.ones(3) * 2).sum()
     with pytest.raises(pytest.fail.Exception, match=r"Tensor\.item\(\)"), no_syncs("cpu"):
         torch.ones(3).sum().item()
+
+
+# -- the detector never changes or breaks what it watches -------------------------------
+
+# Every form of Tensor.to that torch documents (positional and keyword), with copy= and
+# memory_format=: GradScaler calls .to(..., copy=True).
+TO_CALLS = [
+    (("cpu",), {}),
+    (("cpu",), {"copy": True}),
+    ((torch.device("cpu"), torch.float64), {}),
+    ((torch.device("cpu"), torch.float64, False, True), {}),
+    ((), {"device": "cpu", "dtype": torch.float16, "non_blocking": False, "copy": True}),
+    ((), {"device": "cpu", "memory_format": torch.preserve_format}),
+    ((torch.float64,), {}),
+    ((torch.float64, False, True), {}),
+    ((), {"dtype": torch.int32, "copy": True}),
+    ((torch.zeros(1, dtype=torch.float16),), {}),
+    ((torch.zeros(1, dtype=torch.float16), False, True), {}),
+    ((), {"tensor": torch.zeros(1, dtype=torch.float16), "copy": True}),
+    (("cpu",), {"non_blocking": True}),
+]
+
+
+@pytest.mark.parametrize(("args", "kwargs"), TO_CALLS)
+def test_every_form_of_tensor_to_runs_unchanged_under_the_detector(args, kwargs):
+    x = torch.arange(6.0).reshape(2, 3)
+    expected = x.to(*args, **kwargs)
+    with detect_syncs(device_type="cpu") as rec:
+        got = x.to(*args, **kwargs)
+    assert torch.equal(got, expected) and got.dtype == expected.dtype
+    assert rec.internal_errors == 0
+    # Only a blocking move to the host reads back (the user's own line: a real read).
+    device = kwargs.get("device", args[0] if args else None)
+    to_host = str(device) == "cpu" and not kwargs.get("non_blocking")
+    assert len(rec.events) == int(to_host), rec.events
+
+
+def test_grad_scaler_steps_under_the_detector():
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu")
+    x = torch.randn(8, 4)
+    with detect_syncs(device_type="cpu") as rec:
+        for _ in range(2):
+            scaler.scale(model(x).square().mean()).backward()
+            scaler.step(optimizer)  # reads found_inf back: a sync on a GPU too
+            scaler.update()
+            optimizer.zero_grad()
+    assert rec.internal_errors == 0
+    assert [e.op for e in rec.events] == ["Tensor.item()"] * 2
+
+
+def test_a_failure_inside_the_detector_never_reaches_the_program(monkeypatch):
+    from gpu_busy.syncs import detector
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("a bug in a rule")
+
+    monkeypatch.setitem(detector._PY_READS, torch.Tensor.item, ("Tensor.item()", broken))
+    with detect_syncs(device_type="cpu") as rec:
+        value = torch.tensor(2.5).item()
+    assert value == 2.5 and rec.internal_errors == 1
+    # The layer below still sees the read: one broken rule loses its label, not the sync.
+    assert [e.aten for e in rec.events] == ["aten._local_scalar_dense.default"]

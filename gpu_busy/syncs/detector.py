@@ -152,6 +152,7 @@ class SyncDetector:
         self.cuda_debug = cuda_debug
         self.phase = "forward"
         self.events: list[SyncEvent] = []
+        self.internal_errors = 0  # failures of the detector's own code, kept from the program
         self._inside = 0  # >0 while a recorded op runs: what it calls is not counted again
         self._ops: list[str] = []  # aten/Python ops in flight, to name CUDA's warnings
         self._track_ops = False
@@ -229,6 +230,18 @@ class SyncDetector:
         self.events.append(event)
         if self.strict:
             raise SyncError(f"host-device sync: {event}")
+
+    def guarded(self, fn: Callable[..., T], *args: Any) -> T | None:
+        """Run a piece of the detector's own machinery. Whatever goes wrong in it is counted
+        in ``internal_errors`` and never reaches the watched program (``SyncError`` from
+        ``strict`` is the one thing meant to)."""
+        try:
+            return fn(*args)
+        except SyncError:
+            raise
+        except Exception:
+            self.internal_errors += 1
+            return None
 
     def run_op(self, func: Callable, args: tuple, kwargs: dict, name: str, counted: bool) -> Any:
         """Run an op seen by a layer. Inside a ``counted`` one, the ops it runs underneath
@@ -455,19 +468,24 @@ class _DispatchLayer(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        d = self.d
+        sync = d.guarded(self._observe, func, args, kwargs)
+        return d.run_op(func, args, kwargs, str(func), counted=bool(sync))
+
+    def _observe(self, func, args: tuple, kwargs: dict) -> bool:
         entry = _ATEN_SYNCS.get(func.overloadpacket)
         d = self.d
-        sync = entry is not None and not d._inside and entry[1](d, args, kwargs)
-        if sync:
-            label = entry[0]
-            forward = None
-            if func.overloadpacket in _MASK_BACKWARD_OPS:
-                node = torch._C._current_autograd_node()
-                if node is not None:
-                    label = "backward of x[mask] (boolean-mask index)"
-                    forward = node.metadata.get(_FORWARD_EVENT)
-            d.record(label, aten=str(func), forward=forward)
-        return d.run_op(func, args, kwargs, str(func), counted=sync)
+        if entry is None or d._inside or not entry[1](d, args, kwargs):
+            return False
+        label = entry[0]
+        forward = None
+        if func.overloadpacket in _MASK_BACKWARD_OPS:
+            node = torch._C._current_autograd_node()
+            if node is not None:
+                label = "backward of x[mask] (boolean-mask index)"
+                forward = node.metadata.get(_FORWARD_EVENT)
+        d.record(label, aten=str(func), forward=forward)
+        return True
 
 
 _MASK_BACKWARD_OPS = {
@@ -479,15 +497,31 @@ _FORWARD_EVENT = "gpu_busy_forward_event"
 # -- layer 2: Python-level reads (TorchFunctionMode) --------------------------------------
 
 
-def _to_target(args: tuple, kwargs: dict) -> tuple[Any, bool]:
-    device, _dtype, non_blocking, _fmt = torch._C._nn._parse_to(*args[1:], **kwargs)
-    return device, bool(non_blocking)
+def _to_target(args: tuple, kwargs: dict) -> tuple[Any, torch.Tensor | None, bool]:
+    """``(device, tensor or None, non_blocking)`` of a ``Tensor.to`` call in each of its forms:
+    ``to(device, dtype, non_blocking, copy)``, ``to(dtype, non_blocking, copy)``,
+    ``to(tensor, non_blocking, copy)``, any of them as keywords, ``memory_format`` too."""
+    rest = args[1:]
+    device = kwargs.get("device")
+    other = kwargs.get("tensor", rest[0] if rest else None)
+    like = other if isinstance(other, torch.Tensor) else None
+    if like is not None:
+        device, flags = like.device, rest[1:]
+    elif rest and (rest[0] is None or isinstance(rest[0], torch.dtype)):
+        flags = rest[1:]
+    elif rest:
+        device, flags = rest[0], rest[2:]
+    else:
+        flags = ()
+    return device, like, bool(kwargs.get("non_blocking", flags[0] if flags else False))
 
 
 def _moves_to_host(d: SyncDetector, args: tuple, kwargs: dict) -> bool:
-    device, non_blocking = _to_target(args, kwargs)
-    # non_blocking=True gives a pinned copy that is filled later: no wait (until read).
-    return device is not None and torch.device(device).type == "cpu" and not non_blocking
+    device, like, non_blocking = _to_target(args, kwargs)
+    if device is None or non_blocking:  # non_blocking: a pinned copy filled later, no wait
+        return False
+    # .to(other) goes where other is: to the device when other is device memory.
+    return torch.device(device).type == "cpu" and not (like is not None and d.on_device(like))
 
 
 _PY_READS: dict[Any, tuple[str, Callable[[SyncDetector, tuple, dict], bool] | None]] = {
@@ -518,26 +552,35 @@ class _FunctionLayer(TorchFunctionMode):
         entry = _PY_READS.get(func)
         if entry is None:
             if func is torch.Tensor.__getitem__:
-                return _tag_mask_index(func, args, kwargs)
+                return _tag_mask_index(d, func, args, kwargs)
             return func(*args, **kwargs)
+        sync = d.guarded(self._observe, func, entry, args, kwargs)
+        return d.run_op(func, args, kwargs, entry[0], counted=bool(sync))
+
+    def _observe(self, func, entry, args: tuple, kwargs: dict) -> bool:
+        d = self.d
         label, check = entry
-        sync = bool(args) and d.on_device(args[0]) and (check is None or check(d, args, kwargs))
-        if sync:
-            # In the simulation a library's .to(cpu) is what a GPU run's move to the device
-            # becomes (record() keeps the user's own .to("cpu") a real read).
-            d.record(label, simulated=func is torch.Tensor.to and d.device_type == "cpu")
-        return d.run_op(func, args, kwargs, label, counted=sync)
+        if not (args and d.on_device(args[0]) and (check is None or check(d, args, kwargs))):
+            return False
+        # In the simulation a library's .to(cpu) is what a GPU run's move to the device
+        # becomes (record() keeps the user's own .to("cpu") a real read).
+        d.record(label, simulated=func is torch.Tensor.to and d.device_type == "cpu")
+        return True
 
 
-def _tag_mask_index(func, args: tuple, kwargs: dict):
+def _tag_mask_index(d: SyncDetector, func, args: tuple, kwargs: dict):
     """x[mask]: remember the forward line on the autograd node, for its backward's sync."""
     out = func(*args, **kwargs)
+    d.guarded(_tag, out, args)
+    return out
+
+
+def _tag(out: Any, args: tuple) -> None:
     index = args[1] if len(args) > 1 else None
     indices = index if isinstance(index, tuple) else (index,)
     grad_fn = getattr(out, "grad_fn", None)
     if grad_fn is not None and _has_mask(indices):
         grad_fn.metadata[_FORWARD_EVENT] = _event_here("x[mask]", "forward", None)
-    return out
 
 
 # -- layer 3: explicit synchronize() ---------------------------------------------------------

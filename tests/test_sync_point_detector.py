@@ -173,3 +173,63 @@ def test_a_second_fit_reports_its_own_sites_only(tmp_path):
         _fit(tmp_path / run, ItemInStep(width=4), [detector])
         (site,) = [s for s in detector.table.sites.values() if ".item()" in s.code]
         assert site.count == 12 and detector.report["watched_steps"] == 12
+
+
+class LogsEveryStep(pl.LightningModule):
+    """Sync-free, in the plain style: self.log of the loss at every step, no prog_bar."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = torch.nn.Linear(8, 2)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        loss = torch.nn.functional.cross_entropy(self.net(x), y)
+        self.log("train/loss", loss)
+        return loss
+
+    def train_dataloader(self):
+        g = torch.Generator().manual_seed(0)
+        data = torch.utils.data.TensorDataset(
+            torch.randn(96, 8, generator=g), torch.randint(0, 2, (96,), generator=g)
+        )
+        return torch.utils.data.DataLoader(data, batch_size=8)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+class LogsAndReads(LogsEveryStep):
+    def training_step(self, batch, batch_idx):
+        loss = super().training_step(batch, batch_idx)
+        self.seen = loss.item()
+        return loss
+
+
+def test_strict_passes_a_sync_free_module_that_logs_every_step_and_counts_no_simulated_sync(
+    tmp_path,
+):
+    detector = SyncPointDetector(strict=True, first_steps=100)
+    trainer = pl.Trainer(
+        accelerator="cpu", max_epochs=1, log_every_n_steps=5, enable_checkpointing=False,
+        enable_model_summary=False, enable_progress_bar=False, callbacks=[detector],
+        logger=pl.loggers.CSVLogger(tmp_path),
+    )  # fmt: skip
+    trainer.fit(LogsEveryStep())
+    assert detector.report["watched_steps"] == 12
+    # Lightning's batch transfer is a .to("cpu") in the simulation: listed apart, never
+    # counted, and strict lets it pass.
+    assert detector.report["steady_syncs_per_step"] == 0
+    assert detector.report["simulated_sites"] >= 1 and detector.report["sites"] >= 1
+    text = "\n".join(detector.table.render())
+    assert text.index("CPU simulation only") > text.index("(logging steps only)")
+
+
+def test_strict_fails_a_module_that_reads_a_value_every_step(tmp_path):
+    trainer = pl.Trainer(
+        accelerator="cpu", max_epochs=1, log_every_n_steps=5, enable_checkpointing=False,
+        enable_model_summary=False, enable_progress_bar=False, logger=False,
+        callbacks=[SyncPointDetector(strict=True)],
+    )  # fmt: skip
+    with pytest.raises(SyncError, match=r"self\.seen = loss\.item\(\)"):
+        trainer.fit(LogsAndReads())

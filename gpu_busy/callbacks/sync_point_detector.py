@@ -27,7 +27,7 @@ import lightning.pytorch as pl
 
 from gpu_busy import lightning_compat as compat
 from gpu_busy.callbacks.ranks import gather_objects, gather_rows, log_metrics, publish, run_dir
-from gpu_busy.syncs.detector import SyncDetector
+from gpu_busy.syncs.detector import SyncDetector, real_syncs
 from gpu_busy.syncs.sampling import WatchSchedule
 from gpu_busy.syncs.sites import SyncSiteTable
 from gpu_busy.window_sums import WindowSums
@@ -133,8 +133,9 @@ class SyncPointDetector(pl.Callback):
             steady = not (logging_now or self._after_logging)
             step = compat.logger_step(trainer)
             self.table.add_all(events, step=step, logging=not steady)
-            self._rows.append((step, trainer.current_epoch, len(events), steady))
-            self.totals.add(WatchedSums(1, len(events), int(steady), len(events) if steady else 0))
+            n = len(real_syncs(events))  # what a GPU run would wait for: all that is counted
+            self._rows.append((step, trainer.current_epoch, n, steady))
+            self.totals.add(WatchedSums(1, n, int(steady), n if steady else 0))
         if self._window_start is not None:
             seconds = now - self._window_start
             comparable = self._clean and not (logging_now or self._after_logging)
@@ -268,7 +269,8 @@ class SyncPointDetector(pl.Callback):
             "watched_step_overhead": ratio,
             "amortised_overhead": amortised,
             "interval": self.schedule.interval,
-            "sites": len(self.table.sites),
+            "sites": sum(not s.simulated for s in self.table.sites.values()),
+            "simulated_sites": sum(s.simulated for s in self.table.sites.values()),
         }
 
 

@@ -165,12 +165,17 @@ class SyncSiteTable:
                 site.steps = sorted(set(site.steps) | set(other.steps))[:5]
 
     def render(self, limit: int = 20) -> list[str]:
-        """Sites by count, each with its fix. Empty when nothing synced."""
-        ordered = sorted(self.sites.values(), key=lambda s: (-s.steady_count, -s.count, s.location))
+        """Sites by count, each with its fix; then, apart and not counted, the ones only the
+        CPU simulation sees. Empty when nothing synced."""
+        ordered = sorted(
+            self.sites.values(),
+            key=lambda s: (s.simulated, -s.steady_count, -s.count, s.location),
+        )
         lines = []
-        for s in ordered[:limit]:
+        for i, s in enumerate(ordered[:limit]):
+            if s.simulated and (i == 0 or not ordered[i - 1].simulated):
+                lines.append("  CPU simulation only (a GPU run does not wait here; not counted):")
             when = "" if s.steady_count else " (logging steps only)"
-            when += " [CPU simulation only]" if s.simulated else ""
             via = f" via {s.via}" if s.via else ""
             steps = ", ".join(map(str, s.steps)) + (", ..." if s.count > len(s.steps) else "")
             lines.append(f"  {s.count:6d}x  {s.location}  [{s.phase}]  {s.op}{when}{via}")

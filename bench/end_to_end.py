@@ -186,17 +186,14 @@ def run(device: str, steps: int, repeats: int, sync_steps: int = 30) -> dict:
 
 
 def table(results: dict) -> str:
-    lines = [
-        f"{'data':<10}{'arm':<10}{'images/s':>10}{'idle %':>8}{'syncs/step':>11}"
-        f"{'steady':>8}{'real steady':>12}"
-    ]
+    lines = [f"{'data':<10}{'arm':<10}{'images/s':>10}{'idle %':>8}{'syncs/step':>11}{'steady':>8}"]
     for name, r in results.items():
         for arm in ("plain", "template"):
             s = r["syncs"][arm]
             lines.append(
                 f"{name:<10}{arm:<10}{r['images_per_s'][arm]:>10.0f}"
                 f"{_fmt(r['idle_pct'][arm]):>8}{s['syncs_per_step']:>11.2f}"
-                f"{s['steady_syncs_per_step']:>8.2f}{s['real_steady_syncs_per_step']:>12.2f}"
+                f"{s['steady_syncs_per_step']:>8.2f}"
             )
         each = ", ".join(f"{x:.2f}" for x in r["speed_ratio_each"])
         lines.append(

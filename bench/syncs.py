@@ -198,16 +198,12 @@ def count_syncs(device: str, steps: int) -> dict:
 
 
 def sync_figures(detector: SyncPointDetector) -> dict:
-    """Syncs per watched and per steady step after a fit, all and real (not simulated)."""
+    """Syncs per watched and per steady step after a fit, and the sites."""
     rows = detector.table.rows()
     summary = detector.report
-    watched, steady = summary["watched_steps"], summary["steady_watched_steps"]
-    real = [r for r in rows if not r["simulated"]]
     return {
         "syncs_per_step": summary["syncs_per_step"],
         "steady_syncs_per_step": summary["steady_syncs_per_step"],
-        "real_syncs_per_step": sum(r["count"] for r in real) / max(1, watched),
-        "real_steady_syncs_per_step": sum(r["steady_count"] for r in real) / max(1, steady),
         "sites": [
             f"{r['op']} at {Path(r['filename']).name}:{r['lineno']}"
             + (f" via {r['via']}" if r["via"] else "")
@@ -240,13 +236,10 @@ def table(results: dict) -> str:
     )
     lines.append(f"  the detector's own estimate of its fit-time cost: {estimates or 'n/a'}")
     lines.append("syncs per step (every step watched):")
-    lines.append(f"  {'':<8} {'all':>6} {'steady':>7} {'real':>6} {'real steady':>12}")
+    lines.append(f"  {'':<8} {'all':>6} {'steady':>7}")
     for name in ("before", "after"):
         r = results["syncs"][name]
-        lines.append(
-            f"  {name:<8} {r['syncs_per_step']:6.2f} {r['steady_syncs_per_step']:7.2f} "
-            f"{r['real_syncs_per_step']:6.2f} {r['real_steady_syncs_per_step']:12.2f}"
-        )
+        lines.append(f"  {name:<8} {r['syncs_per_step']:6.2f} {r['steady_syncs_per_step']:7.2f}")
     return "\n".join(lines)
 
 

@@ -208,9 +208,10 @@ def test_detect_syncs_on_cuda_names_each_op_and_line():
 
 
 def test_cuda_debug_mode_catches_a_sync_missing_from_the_table(monkeypatch):
-    from gpu_busy.syncs import detect_syncs, syncs
+    from gpu_busy.syncs import detect_syncs
+    from gpu_busy.syncs.rules import ATEN_RULES
 
-    monkeypatch.delitem(syncs._ATEN_SYNCS, torch.ops.aten.nonzero)  # pretend it is unknown
+    monkeypatch.delitem(ATEN_RULES, torch.ops.aten.nonzero)  # pretend it is unknown
     x = torch.randn(64, device="cuda")
     torch.cuda.synchronize()
     with detect_syncs(device_type="cuda") as rec:

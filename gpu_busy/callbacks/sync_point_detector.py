@@ -24,10 +24,11 @@ import time
 from dataclasses import dataclass
 
 import lightning.pytorch as pl
+import torch
 
 from gpu_busy import lightning_compat as compat
 from gpu_busy.callbacks.ranks import gather_objects, gather_rows, log_metrics, publish, run_dir
-from gpu_busy.syncs.detector import SyncDetector, real_syncs
+from gpu_busy.syncs.detector import SyncDetector
 from gpu_busy.syncs.sampling import WatchSchedule
 from gpu_busy.syncs.sites import SyncSiteTable
 from gpu_busy.window_sums import WindowSums
@@ -107,7 +108,7 @@ class SyncPointDetector(pl.Callback):
             self._window_start = time.perf_counter()
             self._clean = False
             if self._due:
-                self._start()
+                self._start(trainer)
         self._set_phase("training_step")
         if self.detector is not None:
             logging_now = compat.is_logging_step(trainer)
@@ -133,7 +134,7 @@ class SyncPointDetector(pl.Callback):
             steady = not (logging_now or self._after_logging)
             step = compat.logger_step(trainer)
             self.table.add_all(events, step=step, logging=not steady)
-            n = len(real_syncs(events))  # what a GPU run would wait for: all that is counted
+            n = len(events)
             self._rows.append((step, trainer.current_epoch, n, steady))
             self.totals.add(WatchedSums(1, n, int(steady), n if steady else 0))
         if self._window_start is not None:
@@ -151,7 +152,7 @@ class SyncPointDetector(pl.Callback):
         self._window_start = time.perf_counter()
         self._due = self.schedule.should_watch(self._step)
         if self._due:
-            self._start()
+            self._start(trainer)
             self._set_phase("between steps")
 
     def on_validation_start(self, trainer, pl_module) -> None:
@@ -174,9 +175,10 @@ class SyncPointDetector(pl.Callback):
     def teardown(self, trainer, pl_module, stage) -> None:
         self._stop(keep=False)
 
-    def _start(self) -> None:
+    def _start(self, trainer: pl.Trainer) -> None:
         if self.detector is None:
             return
+        self.detector.mark_host(*_host_step_counters(trainer))
         self._watching = True
         self.detector.take()
         self.detector.strict = False  # armed in on_train_batch_start, once the step is known
@@ -269,9 +271,23 @@ class SyncPointDetector(pl.Callback):
             "watched_step_overhead": ratio,
             "amortised_overhead": amortised,
             "interval": self.schedule.interval,
-            "sites": sum(not s.simulated for s in self.table.sites.values()),
-            "simulated_sites": sum(s.simulated for s in self.table.sites.values()),
+            "sites": len(self.table.sites),
         }
+
+
+def _host_step_counters(trainer: pl.Trainer) -> list:
+    """The step counters of optimizers that keep them on the host (torch.optim's Adam and
+    its kin unless capturable or fused): reading one is no sync on a GPU."""
+    out = []
+    for optimizer in trainer.optimizers:
+        for group in optimizer.param_groups:
+            if group.get("capturable") or group.get("fused"):
+                continue
+            for p in group["params"]:
+                step = optimizer.state.get(p, {}).get("step")
+                if isinstance(step, torch.Tensor) and step.numel() == 1:
+                    out.append(step)
+    return out
 
 
 def _costliest(rows: list[list[float]]) -> tuple[float | None, float | None]:

@@ -12,12 +12,6 @@ Example::
     print(*rec.events, sep="\\n")
 """
 
-from gpu_busy.syncs.detector import (
-    SyncError,
-    SyncEvent,
-    assert_no_syncs,
-    detect_syncs,
-    real_syncs,
-)
+from gpu_busy.syncs.detector import SyncError, SyncEvent, assert_no_syncs, detect_syncs
 
-__all__ = ["SyncError", "SyncEvent", "assert_no_syncs", "detect_syncs", "real_syncs"]
+__all__ = ["SyncError", "SyncEvent", "assert_no_syncs", "detect_syncs"]

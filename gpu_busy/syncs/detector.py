@@ -39,8 +39,18 @@ from typing import Any, TypeVar
 import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.weak import WeakIdKeyDictionary
 
 from gpu_busy.cuda_sync_warnings import cuda_sync_warnings
+from gpu_busy.syncs.rules import (
+    ATEN_RULES,
+    BACKWARD_RULES,
+    FACTORIES,
+    PYTHON_RULES,
+    Rule,
+    means_host,
+    to_target,
+)
 
 T = TypeVar("T")
 
@@ -57,10 +67,8 @@ class SyncEvent:
     ``chain`` lists the library frames between it and the op, innermost first
     (``"lightning/pytorch/loops/training_epoch_loop.py:269 in _broadcast_sigterm_tensor"``).
     ``via`` is the innermost of those outside torch: the library line that asked for the
-    read. ``aten`` is the aten op, when one was seen. ``simulated`` marks events that only
-    the CPU simulation makes syncs: a library's ``.to(cpu)`` there (Lightning's batch
-    transfer, a metric's state) is, on a GPU, the move *to* the device. The user's own
-    ``.to("cpu")`` is never marked so.
+    read. ``aten`` is the aten op, when one was seen; ``hint`` what to do instead, from the
+    rule that matched (``gpu_busy.syncs.rules``).
     """
 
     op: str
@@ -72,7 +80,7 @@ class SyncEvent:
     aten: str | None = None
     chain: tuple[str, ...] = ()
     via: str | None = None
-    simulated: bool = False
+    hint: str = ""
 
     @property
     def location(self) -> str:
@@ -84,8 +92,6 @@ class SyncEvent:
             where += f" in {self.function}"
         if self.via:
             where += f" (via {self.via})"
-        if self.simulated:
-            where += " [CPU simulation only]"
         return f"{where}: {self.code}" if self.code else where
 
 
@@ -148,6 +154,9 @@ class SyncDetector:
         self, device_type: str = "cuda", strict: bool = False, cuda_debug: bool = True
     ) -> None:
         self.device_type = torch.device(device_type).type
+        # On a machine without the device, its tensors are CPU tensors: the simulation.
+        self.simulating = self.device_type == "cpu"
+        self._host = WeakIdKeyDictionary()  # simulation: tensors that live on the host
         self.strict = strict
         self.cuda_debug = cuda_debug
         self.phase = "forward"
@@ -198,37 +207,87 @@ class SyncDetector:
     # -- recording --
 
     def on_device(self, value: Any) -> bool:
-        return isinstance(value, torch.Tensor) and value.device.type == self.device_type
+        """Whether ``value`` is device memory, the one question every rule asks.
+
+        On a GPU: a tensor on it. In the CPU simulation: a CPU tensor that a GPU run would
+        hold on the device, i.e. any tensor except those made on the host while watching: a
+        factory call without ``device=`` (or with the string ``"cpu"``), ``.cpu()``,
+        ``.to("cpu")``, whatever is computed from host tensors alone, and what
+        ``mark_host`` was given (an optimizer's step counters). A read of a host tensor is
+        no sync; a blocking copy of one to the device is.
+        """
+        return (
+            isinstance(value, torch.Tensor)
+            and value.device.type == self.device_type
+            and not (self.simulating and value in self._host)
+        )
+
+    def mark_host(self, *tensors: Any) -> None:
+        """In the CPU simulation, count these tensors as host memory."""
+        if self.simulating:
+            for t in tensors:
+                if isinstance(t, torch.Tensor):
+                    self._host[t] = True
+
+    def follow_inputs(self, args: tuple, kwargs: dict, out: Any) -> None:
+        """What is computed from host tensors alone is on the host."""
+        inputs = _tensors(args, kwargs)
+        if inputs and all(t in self._host for t in inputs):
+            self.mark_host(*_flat(out))
+
+    def place(self, func: Any, args: tuple, kwargs: dict, out: Any) -> Any:
+        """Where a Python-level call put its result, the host or the device; returns the
+        result. ``.cpu()`` of a CPU tensor returns the tensor itself: the simulation hands
+        back a view of it instead (a new tensor, as on a GPU, with the same values and
+        autograd), so that marking the result leaves the source where it was."""
+        if func is torch.Tensor.cpu:
+            on_host = True
+        elif func is torch.Tensor.to:
+            device, like, _ = to_target(args, kwargs)
+            if device is None:
+                return out
+            on_host = means_host(self, device, like)
+        elif func in FACTORIES and not _in_data_loader():
+            device = kwargs.get("device")
+            on_host = device is None or means_host(self, device)
+        else:
+            return out
+        if isinstance(out, torch.Tensor) and args and out is args[0]:
+            if not on_host or not self.on_device(out):
+                return out
+            out = out.view_as(out)
+        self._put(out, on_host)
+        return out
+
+    def _put(self, out: Any, on_host: bool) -> None:
+        for t in _flat(out):
+            if on_host:
+                self._host[t] = True
+            else:
+                self._host.pop(t, None)
 
     def record(
         self,
         op: str,
         aten: str | None = None,
         forward: SyncEvent | None = None,
-        simulated: bool = False,
+        hint: str = "",
     ) -> None:
         """Add an event for ``op`` at the current user frame (or at ``forward``'s: a backward
         op is attributed to the forward line that built it)."""
         if self._inside:
             return
-        if self.device_type == "cpu" and _in_data_loader():
-            # The DataLoader's own thread of work (num_workers=0) handles host tensors on
-            # any machine: only the simulation would call them device memory.
+        if self.simulating and _excused_in_simulation():
             return
         backward = torch._C._current_autograd_node() is not None
         phase = "backward" if backward else self.phase
         if forward is not None:
-            event = SyncEvent(
-                op, forward.filename, forward.lineno, forward.function, forward.code, phase,
-                aten, forward.chain, forward.via, simulated,
-            )  # fmt: skip
+            event = dataclasses.replace(forward, op=op, phase=phase, aten=aten)
         else:
-            event = _event_here(op, phase, aten, simulated)
-        if event.simulated and event.via is None:
-            # Called by the user's own line, .to(cpu) means "to the host": a real read.
-            event = dataclasses.replace(event, simulated=False)
+            event = _event_here(op, phase, aten)
+        event = dataclasses.replace(event, hint=hint)
         self.events.append(event)
-        if self.strict and not event.simulated:
+        if self.strict:
             raise SyncError(f"host-device sync: {event}")
 
     def guarded(self, fn: Callable[..., T], *args: Any) -> T | None:
@@ -283,8 +342,7 @@ def detect_syncs(
     """A context manager recording every host-device sync while active.
 
     ``device_type``: which tensors count as device memory ("cuda"; "cpu" to simulate on
-    CPU CI). ``strict``: raise ``SyncError`` at the first real one (not one only the CPU
-    simulation sees). ``cuda_debug``: also arm
+    CPU CI). ``strict``: raise ``SyncError`` at the first one. ``cuda_debug``: also arm
     CUDA's own sync debug mode (CUDA only).
 
     Example::
@@ -305,16 +363,29 @@ def assert_no_syncs(fn: Callable[..., T], *args: Any, device_type: str = "cpu", 
     """
     with detect_syncs(device_type=device_type) as rec:
         result = fn(*args, **kwargs)
-    if real := real_syncs(rec.events):
+    if rec.events:
         name = getattr(fn, "__qualname__", repr(fn))
-        raise AssertionError(f"{name} made {describe(real)}")
+        raise AssertionError(f"{name} made {describe(rec.events)}")
     return result
 
 
-def real_syncs(events: list[SyncEvent]) -> list[SyncEvent]:
-    """The events that make the host wait on a GPU too: what every count, ``strict`` and
-    ``assert_no_syncs`` go by. The others exist only in the CPU simulation."""
-    return [e for e in events if not e.simulated]
+def _tensors(args: tuple, kwargs: dict) -> list[torch.Tensor]:
+    """The tensor arguments of a call, one level into lists and tuples."""
+    out = []
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, torch.Tensor):
+            out.append(a)
+        elif isinstance(a, list | tuple):
+            out.extend(x for x in a if isinstance(x, torch.Tensor))
+    return out
+
+
+def _flat(out: Any) -> list[torch.Tensor]:
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, list | tuple):
+        return [x for x in out if isinstance(x, torch.Tensor)]
+    return []
 
 
 def describe(events: list[SyncEvent]) -> str:
@@ -324,6 +395,28 @@ def describe(events: list[SyncEvent]) -> str:
 
 
 _DATA_DIR = os.path.join(_TORCH_DIR, "utils", "data", "")
+_LIGHTNING_TRANSFER = os.path.join("lightning", "fabric", "utilities", "apply_func.py")
+
+
+def _excused_in_simulation() -> bool:
+    """What the CPU simulation sees that a GPU run does not do, decided in this one place:
+
+    - the DataLoader's own work (num_workers=0): it handles host tensors on any machine;
+    - Lightning's batch transfer (``move_data_to_device``): it copies with
+      ``non_blocking=True`` to a GPU, and blocking only when the target is the CPU.
+
+    Reads of host tensors are not excused here: ``SyncDetector.on_device`` never calls
+    them device memory in the first place.
+    """
+    frame = sys._getframe(2)
+    while frame is not None:
+        code = frame.f_code
+        if code.co_filename.startswith(_DATA_DIR) or (
+            code.co_name == "batch_to" and code.co_filename.endswith(_LIGHTNING_TRANSFER)
+        ):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _in_data_loader() -> bool:
@@ -335,7 +428,7 @@ def _in_data_loader() -> bool:
     return False
 
 
-def _event_here(op: str, phase: str, aten: str | None, simulated: bool = False) -> SyncEvent:
+def _event_here(op: str, phase: str, aten: str | None) -> SyncEvent:
     chain: list[str] = []
     via = None
     frame = sys._getframe(1)
@@ -345,7 +438,7 @@ def _event_here(op: str, phase: str, aten: str | None, simulated: bool = False) 
             code = linecache.getline(filename, frame.f_lineno).strip()
             return SyncEvent(
                 op, filename, frame.f_lineno, frame.f_code.co_name, code, phase, aten,
-                tuple(chain[:12]), via, simulated,
+                tuple(chain[:12]), via,
             )  # fmt: skip
         if not filename.startswith(_SYNCS_DIR):
             where = f"{_short_path(filename)}:{frame.f_lineno} in {frame.f_code.co_name}"
@@ -354,118 +447,10 @@ def _event_here(op: str, phase: str, aten: str | None, simulated: bool = False) 
                 via = where
         frame = frame.f_back
     # No user frame at all (e.g. the autograd engine's own thread on CUDA).
-    return SyncEvent(op, "<library>", 0, "", "", phase, aten, tuple(chain[:12]), via, simulated)
+    return SyncEvent(op, "<library>", 0, "", "", phase, aten, tuple(chain[:12]), via)
 
 
 # -- layer 1: aten ops (TorchDispatchMode) ----------------------------------------------
-
-aten = torch.ops.aten
-
-
-def _arg(args: tuple, kwargs: dict, index: int, name: str, default: Any = None) -> Any:
-    if len(args) > index:
-        return args[index]
-    return kwargs.get(name, default)
-
-
-def _has_mask(indices: Any) -> bool:
-    return any(
-        isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in indices or ()
-    )
-
-
-def _index_put_syncs(d: SyncDetector, args: tuple, kwargs: dict) -> bool:
-    self_, indices, value = args[0], args[1], args[2]
-    if not (d.on_device(self_) and _has_mask(indices)):
-        return False
-    accumulate = bool(_arg(args, kwargs, 3, "accumulate", False))
-    # A one-element host value with one mask becomes masked_fill_ (no read-back). In the
-    # CPU simulation the value is always "on the device", so a 0-dim value is trusted to
-    # be the Python scalar that Python indexing passes.
-    host_scalar = value.numel() == 1 and (
-        not d.on_device(value) or (d.device_type == "cpu" and value.dim() == 0)
-    )
-    return accumulate or not host_scalar
-
-
-def _copy_syncs(d: SyncDetector, src: torch.Tensor, dst_device: Any, non_blocking: bool) -> bool:
-    """A blocking copy between the host and the device (CUDA only: a CPU has neither side)."""
-    if d.device_type == "cpu" or non_blocking or dst_device is None:
-        return False
-    dst = torch.device(dst_device).type
-    to_host = d.on_device(src) and dst == "cpu"
-    return to_host or (src.device.type == "cpu" and dst == d.device_type)
-
-
-# packet -> (name, does this call sync? (detector, args, kwargs) -> bool)
-_ATEN_SYNCS: dict[Any, tuple[str, Callable[[SyncDetector, tuple, dict], bool]]] = {}
-
-
-def _first_on_device(d: SyncDetector, args: tuple, kwargs: dict) -> bool:
-    return bool(args) and d.on_device(args[0])
-
-
-def _add(names: tuple[str, ...], label: str, check=_first_on_device) -> None:
-    for name in names:
-        packet = getattr(aten, name, None)
-        if packet is not None:
-            _ATEN_SYNCS[packet] = (label, check)
-
-
-_add(("_local_scalar_dense",), "scalar read (.item(), float(t), bool(t), a tensor as a number)")
-_add(("nonzero",), "nonzero / argwhere / torch.where(cond)")
-_add(
-    ("index", "_unsafe_index"),
-    "x[mask] (boolean-mask index)",
-    lambda d, a, k: d.on_device(a[0]) and _has_mask(a[1]),
-)
-_add(
-    ("index_put", "index_put_", "_index_put_impl_", "_unsafe_index_put"),
-    "x[mask] = tensor (boolean-mask assignment)",
-    _index_put_syncs,
-)
-_add(("masked_select",), "masked_select")
-_add(
-    ("masked_fill", "masked_fill_"),
-    "masked_fill with a tensor value",
-    lambda d, a, k: len(a) > 2 and d.on_device(a[0]) and d.on_device(a[2]),
-)
-_add(
-    ("_unique", "_unique2", "unique_dim", "unique_consecutive", "unique_dim_consecutive"), "unique"
-)
-_add(
-    ("repeat_interleave",),
-    "repeat_interleave without output_size",
-    lambda d, a, k: d.on_device(a[0]) and k.get("output_size") is None,
-)
-_add(("bincount",), "bincount")
-_add(
-    ("histc",),
-    "histc without min/max",
-    lambda d, a, k: d.on_device(a[0]) and _arg(a, k, 2, "min", 0) == _arg(a, k, 3, "max", 0),
-)
-_add(("equal",), "torch.equal")
-_add(("allclose",), "torch.allclose")
-_add(("multinomial",), "multinomial")
-_add(("_linalg_check_errors",), "linalg error check (inv, cholesky, solve, ...)")
-_add(
-    ("_ctc_loss", "ctc_loss"),
-    "ctc_loss with length tensors",
-    lambda d, a, k: any(d.on_device(x) for x in a[2:4]),
-)
-_add(
-    ("_to_copy",),
-    "blocking copy between host and device",
-    lambda d, a, k: _copy_syncs(d, a[0], k.get("device"), bool(k.get("non_blocking", False))),
-)
-_add(
-    ("copy_",),
-    "blocking copy between host and device",
-    lambda d, a, k: (
-        _copy_syncs(d, a[1], a[0].device, bool(_arg(a, k, 2, "non_blocking", False)))
-        or _copy_syncs(d, a[1], None, False)
-    ),
-)
 
 
 class _DispatchLayer(TorchDispatchMode):
@@ -477,75 +462,37 @@ class _DispatchLayer(TorchDispatchMode):
         kwargs = kwargs or {}
         d = self.d
         sync = d.guarded(self._observe, func, args, kwargs)
-        return d.run_op(func, args, kwargs, str(func), counted=bool(sync))
+        out = d.run_op(func, args, kwargs, str(func), counted=bool(sync))
+        if d.simulating and d._host:
+            d.guarded(d.follow_inputs, args, kwargs, out)
+        return out
 
     def _observe(self, func, args: tuple, kwargs: dict) -> bool:
-        entry = _ATEN_SYNCS.get(func.overloadpacket)
         d = self.d
-        if entry is None or d._inside or not entry[1](d, args, kwargs):
+        if d._inside:
             return False
-        label = entry[0]
-        forward = None
-        if func.overloadpacket in _MASK_BACKWARD_OPS:
-            node = torch._C._current_autograd_node()
-            if node is not None:
-                label = "backward of x[mask] (boolean-mask index)"
-                forward = node.metadata.get(_FORWARD_EVENT)
-        d.record(label, aten=str(func), forward=forward)
+        node = torch._C._current_autograd_node()
+        backward = node.metadata.get(_BACKWARD_SYNC) if node is not None else None
+        if backward is not None:
+            # A backward that syncs (its forward rule said so): one event per node, at the
+            # forward line; the ops it runs are that same sync.
+            if not node.metadata.get(_RECORDED):
+                node.metadata[_RECORDED] = True
+                rule, forward = backward
+                d.record(rule.label, aten=str(func), forward=forward, hint=rule.hint)
+            return True
+        rule = ATEN_RULES.get(func.overloadpacket)
+        if rule is None or not rule.applies(d, args, kwargs):
+            return False
+        d.record(rule.label, aten=str(func), hint=rule.hint)
         return True
 
 
-_MASK_BACKWARD_OPS = {
-    getattr(aten, n) for n in ("index_put", "index_put_", "_index_put_impl_") if hasattr(aten, n)
-}
-_FORWARD_EVENT = "gpu_busy_forward_event"
+_BACKWARD_SYNC = "gpu_busy_backward_sync"
+_RECORDED = "gpu_busy_backward_recorded"
 
 
-# -- layer 2: Python-level reads (TorchFunctionMode) --------------------------------------
-
-
-def _to_target(args: tuple, kwargs: dict) -> tuple[Any, torch.Tensor | None, bool]:
-    """``(device, tensor or None, non_blocking)`` of a ``Tensor.to`` call in each of its forms:
-    ``to(device, dtype, non_blocking, copy)``, ``to(dtype, non_blocking, copy)``,
-    ``to(tensor, non_blocking, copy)``, any of them as keywords, ``memory_format`` too."""
-    rest = args[1:]
-    device = kwargs.get("device")
-    other = kwargs.get("tensor", rest[0] if rest else None)
-    like = other if isinstance(other, torch.Tensor) else None
-    if like is not None:
-        device, flags = like.device, rest[1:]
-    elif rest and (rest[0] is None or isinstance(rest[0], torch.dtype)):
-        flags = rest[1:]
-    elif rest:
-        device, flags = rest[0], rest[2:]
-    else:
-        flags = ()
-    return device, like, bool(kwargs.get("non_blocking", flags[0] if flags else False))
-
-
-def _moves_to_host(d: SyncDetector, args: tuple, kwargs: dict) -> bool:
-    device, like, non_blocking = _to_target(args, kwargs)
-    if device is None or non_blocking:  # non_blocking: a pinned copy filled later, no wait
-        return False
-    # .to(other) goes where other is: to the device when other is device memory.
-    return torch.device(device).type == "cpu" and not (like is not None and d.on_device(like))
-
-
-_PY_READS: dict[Any, tuple[str, Callable[[SyncDetector, tuple, dict], bool] | None]] = {
-    torch.Tensor.item: ("Tensor.item()", None),
-    torch.Tensor.__bool__: ("bool(tensor) (if/while/and/or on a tensor)", None),
-    torch.Tensor.__float__: ("float(tensor)", None),
-    torch.Tensor.__int__: ("int(tensor)", None),
-    torch.Tensor.__index__: ("tensor used as an index (__index__)", None),
-    torch.Tensor.__complex__: ("complex(tensor)", None),
-    torch.Tensor.__format__: ("format(tensor) / f-string", None),
-    torch.Tensor.__repr__: ("print/repr/str(tensor)", None),
-    torch.Tensor.tolist: ("Tensor.tolist()", None),
-    torch.Tensor.numpy: ("Tensor.numpy()", None),
-    torch.Tensor.__array__: ("np.asarray(tensor)", None),
-    torch.Tensor.cpu: ("Tensor.cpu()", None),
-    torch.Tensor.to: ("Tensor.to('cpu')", _moves_to_host),
-}
+# -- layer 2: Python-level calls (TorchFunctionMode) --------------------------------------
 
 
 class _FunctionLayer(TorchFunctionMode):
@@ -556,38 +503,31 @@ class _FunctionLayer(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         d = self.d
-        entry = _PY_READS.get(func)
-        if entry is None:
-            if func is torch.Tensor.__getitem__:
-                return _tag_mask_index(d, func, args, kwargs)
-            return func(*args, **kwargs)
-        sync = d.guarded(self._observe, func, entry, args, kwargs)
-        return d.run_op(func, args, kwargs, entry[0], counted=bool(sync))
+        rule = PYTHON_RULES.get(func)
+        if rule is None:
+            out = func(*args, **kwargs)
+        else:
+            sync = d.guarded(self._observe, rule, args, kwargs)  # None: the rule failed
+            owned = bool(sync) or (rule.owns and sync is not None)
+            out = d.run_op(func, args, kwargs, rule.label, counted=owned)
+        if func in BACKWARD_RULES:
+            d.guarded(self._tag_backward, BACKWARD_RULES[func], args, kwargs, out)
+        if d.simulating:
+            placed = d.guarded(d.place, func, args, kwargs, out)
+            out = out if placed is None else placed
+        return out
 
-    def _observe(self, func, entry, args: tuple, kwargs: dict) -> bool:
-        d = self.d
-        label, check = entry
-        if not (args and d.on_device(args[0]) and (check is None or check(d, args, kwargs))):
+    def _observe(self, rule: Rule, args: tuple, kwargs: dict) -> bool:
+        if self.d._inside or not rule.applies(self.d, args, kwargs):
             return False
-        # In the simulation a library's .to(cpu) is what a GPU run's move to the device
-        # becomes (record() keeps the user's own .to("cpu") a real read).
-        d.record(label, simulated=func is torch.Tensor.to and d.device_type == "cpu")
+        self.d.record(rule.label, hint=rule.hint)
         return True
 
-
-def _tag_mask_index(d: SyncDetector, func, args: tuple, kwargs: dict):
-    """x[mask]: remember the forward line on the autograd node, for its backward's sync."""
-    out = func(*args, **kwargs)
-    d.guarded(_tag, out, args)
-    return out
-
-
-def _tag(out: Any, args: tuple) -> None:
-    index = args[1] if len(args) > 1 else None
-    indices = index if isinstance(index, tuple) else (index,)
-    grad_fn = getattr(out, "grad_fn", None)
-    if grad_fn is not None and _has_mask(indices):
-        grad_fn.metadata[_FORWARD_EVENT] = _event_here("x[mask]", "forward", None)
+    def _tag_backward(self, rule: Rule, args: tuple, kwargs: dict, out: Any) -> None:
+        """Remember on the autograd node that its backward syncs, and the forward line."""
+        grad_fn = getattr(out, "grad_fn", None)
+        if grad_fn is not None and rule.applies(self.d, args, kwargs):
+            grad_fn.metadata[_BACKWARD_SYNC] = (rule, _event_here(rule.label, "forward", None))
 
 
 # -- layer 3: explicit synchronize() ---------------------------------------------------------
@@ -647,6 +587,4 @@ class _SynchronizeHooks:
         return synchronize
 
 
-__all__ = [
-    "SyncDetector", "SyncError", "SyncEvent", "assert_no_syncs", "detect_syncs", "real_syncs",
-]  # fmt: skip
+__all__ = ["SyncDetector", "SyncError", "SyncEvent", "assert_no_syncs", "detect_syncs"]

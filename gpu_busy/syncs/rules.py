@@ -1,0 +1,434 @@
+"""The one table of sync rules: which call makes the host wait, when, what to call it,
+and what to do instead.
+
+A rule's ``syncs(d, args, kwargs)`` answers for one call; ``d.on_device(t)`` is the one
+place that says whether a tensor is device memory (on a GPU: a tensor on it; in the CPU
+simulation: a CPU tensor that a GPU run would hold on the device, see ``SyncDetector``).
+``ATEN_RULES`` are matched by the dispatch layer, whatever Python API reached the op;
+``PYTHON_RULES`` by the function layer, where the Python-level intent is visible (a
+Python number against a tensor, a ``"cpu"`` string against ``x.device``). A Python rule
+``owns`` its call: what the call runs underneath is neither counted again nor counted
+instead. Each case names its source in PyTorch (``test/test_torch.py::test_sync_warning``,
+the kernels that read a value back, the docs' "synchronizes" notes).
+
+Example::
+
+    rule = PYTHON_RULES[torch.Tensor.item]
+    rule.label, rule.hint        # "Tensor.item()", "log the tensor with self.log ..."
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+aten = torch.ops.aten
+
+Check = Callable[[Any, tuple, dict], bool]
+
+DEFER = "keep it on the device, or read it at logging steps"
+LOG_IT = (
+    "log the tensor with self.log (Lightning reduces it every log_every_n_steps) or keep it "
+    "in a torchmetrics metric"
+)
+
+
+@dataclass(frozen=True)
+class Rule:
+    label: str
+    hint: str
+    syncs: Check | None = None  # None: whenever its first argument is device memory
+    owns: bool = False  # Python rules: the decision covers everything the call runs
+
+    def applies(self, d: Any, args: tuple, kwargs: dict) -> bool:
+        if self.syncs is not None:
+            return bool(self.syncs(d, args, kwargs))
+        return bool(args) and d.on_device(args[0])
+
+
+def arg(args: tuple, kwargs: dict, index: int, name: str, default: Any = None) -> Any:
+    return args[index] if len(args) > index else kwargs.get(name, default)
+
+
+def is_mask(index: Any) -> bool:
+    return isinstance(index, torch.Tensor) and index.dtype in (torch.bool, torch.uint8)
+
+
+def index_parts(index: Any) -> tuple:
+    return index if isinstance(index, tuple | list) else (index,)
+
+
+# -- where a tensor goes -------------------------------------------------------------------
+
+
+def means_host(d: Any, device: Any, like: torch.Tensor | None = None) -> bool:
+    """Whether a target device is the host. ``.to(other)`` goes where ``other`` is. In the
+    CPU simulation every device is "cpu": a ``"cpu"`` string (and ``.cpu()``) means the
+    host, a ``torch.device`` (``x.device``, ``self.device``) the device."""
+    if like is not None:
+        return not d.on_device(like)
+    if device is None:
+        return False
+    if d.simulating and not isinstance(device, str):
+        return False
+    return torch.device(device).type == "cpu"
+
+
+def to_target(args: tuple, kwargs: dict) -> tuple[Any, torch.Tensor | None, bool]:
+    """``(device, tensor or None, non_blocking)`` of a ``Tensor.to`` call in each of its forms:
+    ``to(device, dtype, non_blocking, copy)``, ``to(dtype, non_blocking, copy)``,
+    ``to(tensor, non_blocking, copy)``, any of them as keywords, ``memory_format`` too."""
+    rest = args[1:]
+    device = kwargs.get("device")
+    other = kwargs.get("tensor", rest[0] if rest else None)
+    like = other if isinstance(other, torch.Tensor) else None
+    if like is not None:
+        device, flags = like.device, rest[1:]
+    elif rest and (rest[0] is None or isinstance(rest[0], torch.dtype)):
+        flags = rest[1:]
+    elif rest:
+        device, flags = rest[0], rest[2:]
+    else:
+        flags = ()
+    return device, like, bool(kwargs.get("non_blocking", flags[0] if flags else False))
+
+
+def _blocking_copy(d: Any, src: Any, to_host: bool, non_blocking: bool) -> bool:
+    """A copy between host and device that the host waits for: device to host unless
+    ``non_blocking`` (a pinned copy filled later), host to device unless ``non_blocking``
+    (pageable or not, a blocking H2D copy returns when it is done)."""
+    if non_blocking or not isinstance(src, torch.Tensor):
+        return False
+    return d.on_device(src) == to_host  # device -> host, or host -> device
+
+
+def _to_syncs(d: Any, args: tuple, kwargs: dict) -> bool:
+    device, like, non_blocking = to_target(args, kwargs)
+    if device is None:  # a dtype or layout change stays where it is
+        return False
+    return _blocking_copy(d, args[0], means_host(d, device, like), non_blocking)
+
+
+def _copy_syncs(d: Any, args: tuple, kwargs: dict) -> bool:
+    dst, src = args[0], args[1]
+    non_blocking = bool(arg(args, kwargs, 2, "non_blocking", False))
+    return d.on_device(dst) != d.on_device(src) and not non_blocking
+
+
+# -- indexing (test_torch.py::test_sync_warning: _ind_get_fn, _ind_put_fn) -------------------
+
+
+def _host_index(d: Any, index: Any) -> bool:
+    """An index tensor in host memory on a device tensor: copied over first, blocking."""
+    return any(isinstance(i, torch.Tensor) and not d.on_device(i) for i in index_parts(index))
+
+
+def _getitem_syncs(d: Any, args: tuple, kwargs: dict) -> bool:
+    if not d.on_device(args[0]):
+        return False
+    index = args[1]
+    return any(is_mask(i) for i in index_parts(index)) or _host_index(d, index)
+
+
+def _setitem_syncs(d: Any, args: tuple, kwargs: dict) -> bool:
+    self_, index, value = args[0], args[1], args[2]
+    if not d.on_device(self_):
+        return False
+    if _host_index(d, index):
+        return True
+    if not any(is_mask(i) for i in index_parts(index)):
+        return False
+    # x[mask] = 1.0 becomes masked_fill_ (no read); so does a 0-dim host tensor (its .item()
+    # is on the host). A device value, or several values, need the mask's positions.
+    if not isinstance(value, torch.Tensor):
+        return False
+    return d.on_device(value) or value.dim() > 0
+
+
+# -- functions whose sync depends on their arguments --------------------------------------
+
+
+def _one_hot_syncs(d: Any, args: tuple, kwargs: dict) -> bool:
+    # Without num_classes it reads max() back (test_sync_warning). With it, only the CPU
+    # kernel checks the range: a CUDA run does not wait.
+    return d.on_device(args[0]) and arg(args, kwargs, 1, "num_classes", -1) < 0
+
+
+def _cross_entropy_syncs(d: Any, args: tuple, kwargs: dict) -> bool:
+    # aten/src/ATen/native/LossNLL.cpp, cross_entropy_loss_label_smoothing: with a class
+    # weight and mean reduction it sums weight.gather(target.masked_select(~ignore)), a
+    # read of the mask's size. A dispatch mode (like this detector's) makes every tensor
+    # "subclass-like" and takes a sync-free branch instead, so the rule is here.
+    weight = arg(args, kwargs, 2, "weight")
+    smoothing = arg(args, kwargs, 7, "label_smoothing", 0.0)
+    reduction = arg(args, kwargs, 6, "reduction", "mean")
+    return d.on_device(args[0]) and weight is not None and smoothing > 0 and reduction == "mean"
+
+
+def _isin_syncs(d: Any, args: tuple, kwargs: dict) -> bool:
+    # aten/src/ATen/native/TensorCompare.cpp, isin: a test set of at least
+    # 10 * n ** 0.145 elements takes the sorting path, which calls unique (a size read).
+    elements, test = args[0], arg(args, kwargs, 1, "test_elements")
+    if not (isinstance(test, torch.Tensor) and (d.on_device(elements) or d.on_device(test))):
+        return False
+    n = elements.numel() if isinstance(elements, torch.Tensor) else 1
+    return test.numel() >= int(10.0 * n**0.145)
+
+
+def _tensor_from_data_syncs(d: Any, args: tuple, kwargs: dict) -> bool:
+    # torch.tensor(list, device=cuda) builds the tensor on the host and copies it over,
+    # blocking (the same for as_tensor/asarray of host data).
+    data, device = arg(args, kwargs, 0, "data"), kwargs.get("device")
+    if isinstance(data, torch.Tensor):
+        return _blocking_copy(d, data, means_host(d, device), False) if device else False
+    return device is not None and not means_host(d, device)
+
+
+def _repeat_interleave_syncs(d: Any, args: tuple, kwargs: dict) -> bool:
+    repeats = arg(args, kwargs, 1, "repeats")
+    return (
+        d.on_device(args[0])
+        and isinstance(repeats, torch.Tensor)
+        and arg(args, kwargs, 3, "output_size") is None
+    )
+
+
+# -- the tables ----------------------------------------------------------------------------
+
+SCALAR_HINT = "keep it a tensor: log it with self.log, or read it at logging steps"
+
+PYTHON_RULES: dict[Any, Rule] = {
+    torch.Tensor.item: Rule("Tensor.item()", LOG_IT, owns=True),
+    torch.Tensor.__bool__: Rule(
+        "bool(tensor) (if/while/and/or on a tensor)",
+        "branch on the device with torch.where, or decide every N steps",
+        owns=True,
+    ),
+    torch.Tensor.__float__: Rule("float(tensor)", SCALAR_HINT, owns=True),
+    torch.Tensor.__int__: Rule(
+        "int(tensor)",
+        "keep it a tensor, or compute the number on the host (from shapes, not values)",
+        owns=True,
+    ),
+    torch.Tensor.__index__: Rule("tensor used as an index (__index__)", SCALAR_HINT, owns=True),
+    torch.Tensor.__complex__: Rule("complex(tensor)", SCALAR_HINT, owns=True),
+    torch.Tensor.__format__: Rule(
+        "format(tensor) / f-string",
+        "format at logging steps only, or log the tensor with self.log",
+        owns=True,
+    ),
+    torch.Tensor.__repr__: Rule(
+        "print/repr/str(tensor)",
+        "print at logging steps only, or log the tensor with self.log",
+        owns=True,
+    ),
+    torch.Tensor.tolist: Rule("Tensor.tolist()", DEFER, owns=True),
+    torch.Tensor.numpy: Rule("Tensor.numpy()", DEFER, owns=True),
+    torch.Tensor.__array__: Rule("np.asarray(tensor)", DEFER, owns=True),
+    torch.Tensor.cpu: Rule("Tensor.cpu()", DEFER, owns=True),
+    torch.Tensor.to: Rule(
+        "Tensor.to (a blocking copy between host and device)",
+        "copy with non_blocking=True (from pinned memory to the device), or create it there",
+        _to_syncs,
+        owns=True,
+    ),
+    torch.Tensor.copy_: Rule(
+        "Tensor.copy_ (a blocking copy between host and device)",
+        "pass non_blocking=True (from pinned memory), or keep both on one side",
+        _copy_syncs,
+        owns=True,
+    ),
+    torch.Tensor.__getitem__: Rule(
+        "x[mask] / x[host index] (boolean mask or an index tensor on the host)",
+        "use torch.where(mask, x, 0) / masked_fill, nonzero_static(size=...), or keep the "
+        "index tensor on the device",
+        _getitem_syncs,
+        owns=True,
+    ),
+    torch.Tensor.__setitem__: Rule(
+        "x[mask] = tensor / x[host index] = ... (boolean-mask or host-index assignment)",
+        "use torch.where(mask, value, x), or masked_fill with a Python number",
+        _setitem_syncs,
+        owns=True,
+    ),
+    F.one_hot: Rule(
+        "one_hot without num_classes",
+        "pass num_classes= (known on the host)",
+        _one_hot_syncs,
+        owns=True,
+    ),
+    F.cross_entropy: Rule(
+        "cross_entropy with weight and label_smoothing (mean reduction)",
+        "reduction='sum' and divide by a weight total computed without masked_select",
+        _cross_entropy_syncs,
+        owns=True,
+    ),
+    torch.isin: Rule(
+        "isin with a large test set (sorting path: unique)",
+        "compare against a small test set, or precompute membership on the host",
+        _isin_syncs,
+        owns=True,
+    ),
+    torch.repeat_interleave: Rule(
+        "repeat_interleave with tensor repeats, without output_size",
+        "pass output_size= (the total length, known on the host)",
+        _repeat_interleave_syncs,
+        owns=True,
+    ),
+}
+for _factory in (torch.tensor, torch.as_tensor, torch.asarray):
+    PYTHON_RULES[_factory] = Rule(
+        f"torch.{_factory.__name__}(host data, device=...) (a blocking copy to the device)",
+        "create it on the device (torch.full/arange/zeros with device=), or once, outside the step",
+        _tensor_from_data_syncs,
+        owns=True,
+    )
+PYTHON_RULES[torch.Tensor.repeat_interleave] = PYTHON_RULES[torch.repeat_interleave]
+
+ATEN_RULES: dict[Any, Rule] = {}
+
+
+def _aten(names: tuple[str, ...], label: str, hint: str, syncs: Check | None = None) -> None:
+    for name in names:
+        packet = getattr(aten, name, None)
+        if packet is not None:
+            ATEN_RULES[packet] = Rule(label, hint, syncs)
+
+
+_aten(
+    ("_local_scalar_dense",),
+    "scalar read (.item(), float(t), bool(t), a tensor as a number)",
+    SCALAR_HINT,
+)
+_aten(
+    ("nonzero",),
+    "nonzero / argwhere / torch.where(cond)",
+    "use torch.nonzero_static(x, size=...) or three-argument torch.where",
+)
+_aten(
+    ("index", "_unsafe_index"),
+    "x[mask] (boolean-mask index)",
+    "use torch.where(mask, x, 0) / masked_fill, or nonzero_static(size=...)",
+    lambda d, a, k: d.on_device(a[0]) and any(is_mask(i) for i in a[1] or ()),
+)
+_aten(
+    ("index_put", "index_put_", "_index_put_impl_", "_unsafe_index_put"),
+    "x[mask] = tensor (boolean-mask assignment)",
+    "use torch.where(mask, value, x) or masked_fill with a Python scalar",
+    lambda d, a, k: (
+        d.on_device(a[0])
+        and any(is_mask(i) for i in a[1] or ())
+        and (bool(arg(a, k, 3, "accumulate", False)) or d.on_device(a[2]) or a[2].dim() > 0)
+    ),
+)
+_aten(
+    ("masked_select",),
+    "masked_select",
+    "use torch.where(mask, x, 0), or nonzero_static(size=...) + gather",
+)
+_aten(
+    ("masked_fill", "masked_fill_"),
+    "masked_fill with a device tensor value",
+    "pass the fill value as a Python number, or use torch.where",
+    lambda d, a, k: len(a) > 2 and d.on_device(a[0]) and d.on_device(a[2]),
+)
+_aten(
+    ("_unique", "_unique2", "unique_dim", "unique_consecutive", "unique_dim_consecutive"),
+    "unique",
+    "pass a known size, or compute it in the DataLoader (host side)",
+)
+_aten(
+    ("repeat_interleave",),
+    "repeat_interleave without output_size",
+    "pass output_size= (the total length, known on the host)",
+    lambda d, a, k: d.on_device(a[0]) and k.get("output_size") is None,
+)
+_aten(("bincount",), "bincount", "use zeros(n).scatter_add_(0, x, ones) with a known n")
+_aten(
+    ("histc",),
+    "histc without min/max",
+    "pass min= and max= explicitly",
+    lambda d, a, k: d.on_device(a[0]) and arg(a, k, 2, "min", 0) == arg(a, k, 3, "max", 0),
+)
+_aten(
+    ("equal", "allclose"),
+    "torch.equal / torch.allclose",
+    "compare on the device (torch.isclose(a, b).all()) and read it at logging steps",
+)
+_aten(
+    ("multinomial",),
+    "multinomial",
+    "sample on the device without checks: argmax(logits + Gumbel noise)",
+)
+# The docs of linalg.eigh, eigvalsh, eig, svd, svdvals, inv, cholesky, solve: "When
+# inputs are on a CUDA device, this function synchronizes that device with the CPU".
+_aten(
+    ("_linalg_check_errors", "_linalg_eigh", "_linalg_svd", "linalg_eig"),
+    "linalg error check (eigh, svd, eig, inv, cholesky, solve, ...)",
+    "use the _ex forms (torch.linalg.inv_ex, cholesky_ex); check info at logging steps",
+)
+_aten(
+    ("_ctc_loss", "ctc_loss"),
+    "ctc_loss with length tensors",
+    "pass input and target lengths as host tensors or lists",
+    lambda d, a, k: any(d.on_device(x) for x in a[2:4]),
+)
+_aten(
+    ("_to_copy",),
+    "a blocking copy between host and device",
+    "copy with non_blocking=True from pinned memory, or create it on the device",
+    lambda d, a, k: (
+        k.get("device") is not None
+        and _blocking_copy(d, a[0], means_host(d, k["device"]), bool(k.get("non_blocking")))
+    ),
+)
+_aten(
+    ("copy_",),
+    "a blocking copy between host and device",
+    "copy with non_blocking=True from pinned memory, or create it on the device",
+    _copy_syncs,
+)
+
+# Forward ops whose backward syncs; the backward is attributed to the forward line.
+# torch/csrc/autograd/FunctionsManual.cpp: cumprod_backward reads (input == 0).any()
+# unless the tensors are subclass-like (as under a dispatch mode); index_backward and
+# masked_scatter_backward index with the mask again.
+BACKWARD_RULES: dict[Any, Rule] = {
+    torch.Tensor.__getitem__: Rule(
+        "backward of x[mask] (boolean-mask index)",
+        "index with precomputed integer indices (index_select) or use torch.where(mask, x, 0)",
+        lambda d, a, k: d.on_device(a[0]) and any(is_mask(i) for i in index_parts(a[1])),
+    ),
+    torch.cumprod: Rule(
+        "backward of cumprod (reads whether the input has zeros)",
+        "keep the input free of zeros (e.g. clamp) and compute exp(cumsum(log(x))) instead",
+        lambda d, a, k: (
+            d.on_device(a[0])
+            and a[0].numel() > 1
+            and a[0].size(arg(a, k, 1, "dim")) > 1
+            and torch.is_grad_enabled()
+        ),
+    ),
+    torch.Tensor.masked_scatter: Rule(
+        "backward of masked_scatter (masked_select of the gradient)",
+        "use torch.where(mask, source_expanded, x) with a source of the same shape",
+        lambda d, a, k: d.on_device(a[0]) and torch.is_grad_enabled(),
+    ),
+}
+BACKWARD_RULES[torch.Tensor.cumprod] = BACKWARD_RULES[torch.cumprod]
+BACKWARD_RULES[torch.masked_scatter] = BACKWARD_RULES[torch.Tensor.masked_scatter]
+
+# Calls that make a tensor: without device= (or with the string "cpu") it is on the host.
+FACTORIES = frozenset(
+    getattr(torch, name)
+    for name in (
+        "tensor", "as_tensor", "asarray", "zeros", "ones", "empty", "full", "arange",
+        "linspace", "logspace", "rand", "randn", "randint", "randperm", "eye", "from_numpy",
+        "scalar_tensor", "empty_strided", "tril_indices", "triu_indices",
+    )
+    if hasattr(torch, name)
+)  # fmt: skip

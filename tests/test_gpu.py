@@ -293,3 +293,43 @@ def test_idle_monitor_on_cuda_times_with_events_and_traces_device_work(in_tmp):
     assert trace["device_events"] > 0 and trace["busy_ms"] > 0
     assert trace["span_ms"] == pytest.approx(trace["busy_ms"] + trace["idle_ms"])
     assert torch.cuda.get_sync_debug_mode() == 0  # the monitor's sync marks were undone
+
+
+# -- the sync detector against CUDA's own sync debug mode, case by case --------------------
+
+
+def _cuda_waits(run) -> bool:
+    """Whether ``run`` makes the host wait, by CUDA's own account ("error" mode raises)."""
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        run()
+    except RuntimeError as e:
+        if "called a synchronizing CUDA operation" not in str(e):
+            raise
+        return True
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    return False
+
+
+def _case_ids():
+    from tests.sync_cases import CASES
+
+    return CASES, [c.name for c in CASES]
+
+
+@pytest.mark.parametrize("case", _case_ids()[0], ids=_case_ids()[1])
+def test_the_detector_agrees_with_cudas_sync_debug_mode(case):
+    from gpu_busy.syncs import detect_syncs
+    from tests.sync_cases import Tensors
+
+    t = Tensors("cuda")
+    torch.cuda.synchronize()
+    with detect_syncs(device_type="cuda") as rec:
+        case.run(t)
+    assert rec.internal_errors == 0
+    fresh = Tensors("cuda")  # made before the debug mode is armed: their copies are setup
+    waits = _cuda_waits(lambda: case.run(fresh))
+    assert waits == bool(case.syncs), "the case list is wrong about this call on CUDA"
+    assert len(rec.events) == case.syncs, [str(e) for e in rec.events]

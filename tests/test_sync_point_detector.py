@@ -170,7 +170,7 @@ def test_a_second_fit_reports_its_own_sites_only(tmp_path):
     detector = SyncPointDetector(first_steps=100)
     for run in ("first", "second"):
         _fit(tmp_path / run, ItemInStep(width=4), [detector])
-        (site,) = [s for s in detector.table.sites.values() if ".item()" in s.code]
+        (site,) = [s for s in detector.table.sites.values() if "self.last_loss" in s.code]
         assert site.count == 12 and detector.report["watched_steps"] == 12
 
 
@@ -228,3 +228,13 @@ def test_strict_fails_a_module_that_reads_a_value_every_step(tmp_path):
     )  # fmt: skip
     with pytest.raises(SyncError, match=r"self\.seen = loss\.item\(\)"):
         trainer.fit(LogsAndReads())
+
+
+def test_lightnings_own_reads_are_named_at_lightnings_line_not_where_fit_was_called(tmp_path):
+    detector = SyncPointDetector(first_steps=100)
+    _fit(tmp_path, ImageClassifier(width=4), [detector])
+    (site,) = [s for s in detector.table.sites.values() if s.op == "Tensor.item()"]
+    # The logger connector's conversion at logging steps: no user frame asked for it.
+    assert site.location.startswith("lightning/fabric/utilities/apply_func.py")
+    assert site.steady_count == 0 and "log_every_n_steps" in site.hint
+    assert not [s for s in detector.table.sites.values() if s.filename == __file__]

@@ -429,25 +429,43 @@ def _in_data_loader() -> bool:
 
 
 def _event_here(op: str, phase: str, aten: str | None) -> SyncEvent:
+    """The event at the innermost user frame, going outward from the op.
+
+    A user frame reached only through a training loop (Lightning's loops or Trainer) is the
+    code that started training, not what asked for the read: the event then names the
+    library line that did (``via``), as it does when no user frame exists at all (the
+    autograd engine's own thread on CUDA)."""
     chain: list[str] = []
-    via = None
+    via = via_frame = None
+    in_loop = False
     frame = sys._getframe(1)
     while frame is not None:
         filename = frame.f_code.co_filename
+        if not _is_library(filename) and not in_loop:
+            return _event_at(op, frame, phase, aten, tuple(chain[:12]), via)
         if not _is_library(filename):
-            code = linecache.getline(filename, frame.f_lineno).strip()
-            return SyncEvent(
-                op, filename, frame.f_lineno, frame.f_code.co_name, code, phase, aten,
-                tuple(chain[:12]), via,
-            )  # fmt: skip
+            break
         if not filename.startswith(_SYNCS_DIR):
             where = f"{_short_path(filename)}:{frame.f_lineno} in {frame.f_code.co_name}"
             chain.append(where)
             if via is None and not filename.startswith(_TORCH_DIR):
-                via = where
+                via, via_frame = where, frame
+            in_loop = in_loop or bool(_TRAINING_LOOP.search(filename))
         frame = frame.f_back
-    # No user frame at all (e.g. the autograd engine's own thread on CUDA).
+    if via_frame is not None:
+        return _event_at(op, via_frame, phase, aten, tuple(chain[:12]), None)
     return SyncEvent(op, "<library>", 0, "", "", phase, aten, tuple(chain[:12]), via)
+
+
+def _event_at(op: str, frame: Any, phase: str, aten: str | None, chain: tuple, via: Any):
+    filename = frame.f_code.co_filename
+    code = linecache.getline(filename, frame.f_lineno).strip()
+    return SyncEvent(op, filename, frame.f_lineno, frame.f_code.co_name, code, phase, aten,
+                     chain, via)  # fmt: skip
+
+
+# Where a training loop runs: a user frame outside it only started training.
+_TRAINING_LOOP = re.compile(r"lightning[\\/]pytorch[\\/](?:loops|trainer)[\\/]")
 
 
 # -- layer 1: aten ops (TorchDispatchMode) ----------------------------------------------

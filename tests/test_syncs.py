@@ -496,3 +496,31 @@ def test_a_failure_inside_the_detector_never_reaches_the_program(monkeypatch):
     assert value == 15.0 and rec.internal_errors == 1
     # The layer below still sees the read: one broken rule loses its label, not the sync.
     assert [e.aten for e in rec.events] == ["aten._local_scalar_dense.default"]
+
+
+def test_allow_syncs_marks_deliberate_syncs_for_strict_assert_and_the_report(no_syncs):
+    from gpu_busy.syncs import allow_syncs
+
+    @allow_syncs("a debug print every 1000 steps")
+    def dump():
+        return repr(x)
+
+    with detect_syncs(device_type="cpu", strict=True) as rec:
+        with allow_syncs("early stopping reads the loss once per epoch"):
+            x.sum().item()
+        dump()
+    assert [e.allowed for e in rec.events] == [
+        "early stopping reads the loss once per epoch",
+        "a debug print every 1000 steps",
+    ]
+    assert assert_no_syncs(dump) is not None  # allowed: not a failure
+    with no_syncs("cpu"), allow_syncs("checked on purpose"):
+        x.max().item()
+    with pytest.raises(AssertionError, match="1 host-device sync"):
+        assert_no_syncs(lambda: (dump(), x.sum().item()))
+    table = SyncSiteTable()
+    table.add_all(rec.events, step=0, logging=False)
+    text = "\n".join(table.render())
+    assert "allowed: early stopping reads the loss once per epoch" in text
+    with pytest.raises(ValueError, match="needs a reason"):
+        allow_syncs("")

@@ -23,6 +23,7 @@ import torch
 
 from gpu_busy import lightning_compat as compat
 from gpu_busy.faults.training_stopped import TrainingStopped
+from gpu_busy.syncs import allow_syncs
 
 
 class FirstNonFinite:
@@ -94,9 +95,10 @@ class StopOnNonFiniteLoss(pl.Callback):
         first = self.watch.first_tensor()
         if first is None:
             return
-        rows = [int(first.item())]
-        if trainer.world_size > 1:  # every rank asks, so every rank stops at the same check
-            rows = trainer.strategy.all_gather(first).reshape(-1).tolist()
+        with allow_syncs("StopOnNonFiniteLoss reads its NaN/Inf flag at logging steps"):
+            rows = [int(first.item())]
+            if trainer.world_size > 1:  # every rank asks: every rank stops at the same check
+                rows = trainer.strategy.all_gather(first).reshape(-1).tolist()
         bad = [(index, rank) for rank, index in enumerate(rows) if index >= 0]
         if not bad:
             return

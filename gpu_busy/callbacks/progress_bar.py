@@ -19,6 +19,7 @@ from lightning.pytorch.callbacks import TQDMProgressBar
 from torch import Tensor
 
 from gpu_busy import lightning_compat as compat
+from gpu_busy.syncs import allow_syncs
 
 
 class LoggingStepProgressBar(TQDMProgressBar):
@@ -59,7 +60,8 @@ class LoggingStepProgressBar(TQDMProgressBar):
             elif name not in self.metrics:
                 continue
             if isinstance(value, Tensor) and value.numel() == 1:
-                value = value.item()
+                with allow_syncs("LoggingStepProgressBar reads logged metrics at logging steps"):
+                    value = value.item()
             if isinstance(value, (int, float)) and math.isfinite(value):
                 shown[name] = value
         return shown

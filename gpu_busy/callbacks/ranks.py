@@ -22,6 +22,7 @@ import torch
 
 from gpu_busy import lightning_compat as compat
 from gpu_busy.log import get_logger
+from gpu_busy.syncs import allow_syncs
 from gpu_busy.window_sums import mean_and_max
 
 log = get_logger(__name__)
@@ -31,8 +32,9 @@ def gather_rows(trainer: pl.Trainer, row: list[float]) -> list[list[float]]:
     """Every rank's ``row`` (all of one length), in rank order, on every rank."""
     if trainer.world_size == 1:
         return [row]
-    t = torch.tensor(row, dtype=torch.float64, device=trainer.strategy.root_device)
-    return trainer.strategy.all_gather(t).reshape(trainer.world_size, -1).cpu().tolist()
+    with allow_syncs("gpu_busy gathers its figures over ranks at logging steps"):
+        t = torch.tensor(row, dtype=torch.float64, device=trainer.strategy.root_device)
+        return trainer.strategy.all_gather(t).reshape(trainer.world_size, -1).cpu().tolist()
 
 
 def gather_objects(trainer: pl.Trainer, obj: Any) -> list:

@@ -28,6 +28,7 @@ from gpu_busy import lightning_compat as compat
 from gpu_busy.faults.stop_request import StopRequest
 from gpu_busy.faults.training_stopped import TrainingStopped
 from gpu_busy.log import get_logger
+from gpu_busy.syncs import allow_syncs
 
 log = get_logger(__name__)
 
@@ -72,8 +73,9 @@ class StopOnSignal(pl.Callback):
         if trainer.fit_loop.epoch_loop.batch_progress.total.processed % every:
             return 0
         self.checks += 1
-        flag = torch.tensor(mine, device=trainer.strategy.root_device)
-        return int(trainer.strategy.reduce(flag, reduce_op="max").item())
+        with allow_syncs("StopOnSignal: the ranks agree on a stop every N steps"):
+            flag = torch.tensor(mine, device=trainer.strategy.root_device)
+            return int(trainer.strategy.reduce(flag, reduce_op="max").item())
 
     def _save_and_stop(self, trainer: pl.Trainer, signum: int) -> None:
         path = _last_checkpoint_path(trainer)

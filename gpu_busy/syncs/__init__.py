@@ -12,6 +12,15 @@ Example::
     print(*rec.events, sep="\\n")
 """
 
-from gpu_busy.syncs.detector import SyncError, SyncEvent, assert_no_syncs, detect_syncs
+from gpu_busy.syncs.detector import (
+    SyncError,
+    SyncEvent,
+    allow_syncs,
+    assert_no_syncs,
+    detect_syncs,
+    not_allowed,
+)
 
-__all__ = ["SyncError", "SyncEvent", "assert_no_syncs", "detect_syncs"]
+__all__ = [
+    "SyncError", "SyncEvent", "allow_syncs", "assert_no_syncs", "detect_syncs", "not_allowed",
+]  # fmt: skip

@@ -25,6 +25,7 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import linecache
 import os
@@ -81,6 +82,7 @@ class SyncEvent:
     chain: tuple[str, ...] = ()
     via: str | None = None
     hint: str = ""
+    allowed: str | None = None  # the reason given to allow_syncs around it
 
     @property
     def location(self) -> str:
@@ -92,6 +94,8 @@ class SyncEvent:
             where += f" in {self.function}"
         if self.via:
             where += f" (via {self.via})"
+        if self.allowed:
+            where += f" [allowed: {self.allowed}]"
         return f"{where}: {self.code}" if self.code else where
 
 
@@ -285,9 +289,9 @@ class SyncDetector:
             event = dataclasses.replace(forward, op=op, phase=phase, aten=aten)
         else:
             event = _event_here(op, phase, aten)
-        event = dataclasses.replace(event, hint=hint)
+        event = dataclasses.replace(event, hint=hint, allowed=_ALLOWED.get())
         self.events.append(event)
-        if self.strict:
+        if self.strict and event.allowed is None:
             raise SyncError(f"host-device sync: {event}")
 
     def guarded(self, fn: Callable[..., T], *args: Any) -> T | None:
@@ -363,10 +367,47 @@ def assert_no_syncs(fn: Callable[..., T], *args: Any, device_type: str = "cpu", 
     """
     with detect_syncs(device_type=device_type) as rec:
         result = fn(*args, **kwargs)
-    if rec.events:
+    if unallowed := not_allowed(rec.events):
         name = getattr(fn, "__qualname__", repr(fn))
-        raise AssertionError(f"{name} made {describe(rec.events)}")
+        raise AssertionError(f"{name} made {describe(unallowed)}")
     return result
+
+
+_ALLOWED: contextvars.ContextVar[str | None] = contextvars.ContextVar("allowed", default=None)
+
+
+class allow_syncs(contextlib.ContextDecorator):
+    """Mark the syncs in a block (or a function) as deliberate, with the reason.
+
+    They are still recorded and counted (they cost what they cost), listed with the
+    reason, and neither ``strict`` nor ``assert_no_syncs`` nor ``no_syncs`` fails on them.
+
+    Example::
+
+        with allow_syncs("early stopping reads the loss once per epoch"):
+            best = val_loss.item()
+
+        @allow_syncs("a debug dump, every 1000 steps")
+        def dump(t): print(t)
+    """
+
+    def __init__(self, reason: str) -> None:
+        if not reason:
+            raise ValueError("allow_syncs needs a reason: say why this sync is fine")
+        self.reason = reason
+        self._tokens: list[contextvars.Token] = []
+
+    def __enter__(self) -> allow_syncs:
+        self._tokens.append(_ALLOWED.set(self.reason))
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        _ALLOWED.reset(self._tokens.pop())
+
+
+def not_allowed(events: list[SyncEvent]) -> list[SyncEvent]:
+    """The events no ``allow_syncs`` covered: what strict checks fail on."""
+    return [e for e in events if e.allowed is None]
 
 
 def _tensors(args: tuple, kwargs: dict) -> list[torch.Tensor]:
@@ -605,4 +646,7 @@ class _SynchronizeHooks:
         return synchronize
 
 
-__all__ = ["SyncDetector", "SyncError", "SyncEvent", "assert_no_syncs", "detect_syncs"]
+__all__ = [
+    "SyncDetector", "SyncError", "SyncEvent", "allow_syncs", "assert_no_syncs", "detect_syncs",
+    "not_allowed",
+]  # fmt: skip

@@ -70,6 +70,7 @@ class SyncSite:
     code: str = ""
     via: str | None = None
     hint: str = ""
+    allowed: str | None = None  # the reason given to allow_syncs, if one covered it
     count: int = 0  # all watched steps
     steady_count: int = 0  # watched steps that were not logging steps
     steps: list[int] = field(default_factory=list)  # first few steps it was seen in
@@ -95,7 +96,8 @@ class SyncSiteTable:
             site = self.sites.get(key)
             if site is None:
                 site = self.sites[key] = SyncSite(
-                    e.filename, e.lineno, e.op, e.phase, e.function, e.code, e.via, fix_hint(e)
+                    e.filename, e.lineno, e.op, e.phase, e.function, e.code, e.via, fix_hint(e),
+                    e.allowed,
                 )  # fmt: skip
             site.count += 1
             site.steady_count += 0 if logging else 1
@@ -129,7 +131,9 @@ class SyncSiteTable:
             lines.append(f"           steps {steps}")
             if s.code:
                 lines.append(f"           {s.code}")
-            lines.append(f"           fix: {s.hint}")
+            lines.append(
+                f"           allowed: {s.allowed}" if s.allowed else f"           fix: {s.hint}"
+            )
         if len(ordered) > limit:
             lines.append(f"  ... and {len(ordered) - limit} more site(s)")
         return lines

@@ -32,9 +32,8 @@ Syncs per step, every step watched, ``log_every_n_steps=10``:
   ``StreamPrefetcher``, ``StopOnSignal``).
 
 Counted per watched step and per steady step (not a logging step or the one after it).
-On a CPU the detector simulates (every CPU tensor counts as device memory); the
-"real" column leaves out what only the simulation calls a sync (Lightning's
-``.to("cpu")`` of a CPU batch).
+On a CPU the detector simulates a GPU run (``SyncDetector.on_device``: host tensors are
+told apart from device tensors as a GPU run would).
 """
 
 from __future__ import annotations

@@ -169,6 +169,7 @@ class SyncDetector:
         self._inside = 0  # >0 while a recorded op runs: what it calls is not counted again
         self._ops: list[str] = []  # aten/Python ops in flight, to name CUDA's warnings
         self._track_ops = False
+        self._backward_events = 0  # recorded on the autograd engine's own thread
         self._thread: int | None = None
         self._stack: contextlib.ExitStack | None = None
 
@@ -291,6 +292,8 @@ class SyncDetector:
             event = _event_here(op, phase, aten)
         event = dataclasses.replace(event, hint=hint, allowed=_ALLOWED.get())
         self.events.append(event)
+        if backward and threading.get_ident() != self._thread:
+            self._backward_events += 1
         if self.strict and event.allowed is None:
             raise SyncError(f"host-device sync: {event}")
 
@@ -334,6 +337,11 @@ class SyncDetector:
     def _cuda_debug_warnings(self) -> contextlib.AbstractContextManager:
         def on_sync() -> None:
             current = self._ops[-1] if self._ops else None
+            if current == _BACKWARD and self._backward_events > 0:
+                # CUDA's warnings from the autograd engine's thread are replayed here, when
+                # backward() returns: this one is a sync the rules already recorded there.
+                self._backward_events -= 1
+                return
             name = f"{current} (CUDA sync debug)" if current else "a CUDA sync"
             self.record(name, aten=current)
 
@@ -548,6 +556,8 @@ class _DispatchLayer(TorchDispatchMode):
 
 
 _BACKWARD_SYNC = "gpu_busy_backward_sync"
+_BACKWARD = "backward"
+_BACKWARD_CALLS = frozenset({torch.Tensor.backward, torch.autograd.backward, torch.autograd.grad})
 _RECORDED = "gpu_busy_backward_recorded"
 
 
@@ -563,7 +573,13 @@ class _FunctionLayer(TorchFunctionMode):
         kwargs = kwargs or {}
         d = self.d
         rule = PYTHON_RULES.get(func)
-        if rule is None:
+        if func in _BACKWARD_CALLS:
+            # Named, so that CUDA's warnings replayed when it returns can be told apart.
+            try:
+                out = d.run_op(func, args, kwargs, _BACKWARD, counted=False)
+            finally:
+                d._backward_events = 0
+        elif rule is None:
             out = func(*args, **kwargs)
         else:
             sync = d.guarded(self._observe, rule, args, kwargs)  # None: the rule failed

@@ -107,3 +107,37 @@ def child_exit_codes(trainer: pl.Trainer) -> dict[int, int | None]:
     procs = getattr(trainer.strategy.launcher, "procs", None) or []
     first = trainer.node_rank * trainer.num_devices
     return {first + i + 1: proc.poll() for i, proc in enumerate(procs)}
+
+
+# Lightning's own reads, recognised by a function in the chain of a sync event (first
+# match wins), with the fix the report gives. Private: _TrainingEpochLoop.
+# _broadcast_sigterm_tensor (2.5.2 to 2.6), _LoggerConnector.on_batch_end,
+# .progress_bar_metrics and .update_train_step_metrics (2.0 to 2.6); public:
+# Trainer.callback_metrics.
+LIGHTNING_READS = (
+    (
+        "_broadcast_sigterm_tensor",
+        "Lightning's per-step DDP SIGTERM check: add gpu_busy.callbacks.StopOnSignal "
+        "(on in the default config), which checks every N steps instead",
+    ),
+    (
+        "in on_batch_end",
+        "Lightning converts prog_bar=True metrics after every step (an .item() each): log "
+        "without prog_bar and show them with gpu_busy.callbacks.LoggingStepProgressBar",
+    ),
+    (
+        "progress_bar_metrics",
+        "the progress bar reads prog_bar metrics when it refreshes: use "
+        "gpu_busy.callbacks.LoggingStepProgressBar",
+    ),
+    (
+        "update_train_step_metrics",
+        "Lightning writes the logged metrics to the loggers (logging steps only): expected; "
+        "a larger log_every_n_steps does it less often",
+    ),
+    (
+        "callback_metrics",
+        "trainer.callback_metrics converts logged tensors to numbers: read it at logging "
+        "steps or at epoch end",
+    ),
+)

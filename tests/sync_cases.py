@@ -222,6 +222,18 @@ CASES = [
         1,
         "torch/csrc/autograd/FunctionsManual.cpp: cumprod_backward reads (x == 0).any()",
     ),
+    Case(
+        "backward_of_prod",
+        _backward(lambda w: torch.prod(w).reshape(1)),
+        1,
+        "torch/csrc/autograd/FunctionsManual.cpp: prod_backward's nonzero()",
+    ),
+    Case(
+        "backward_of_prod_over_a_dim",
+        _backward(lambda w: w.reshape(2, 2).prod(1)),
+        1,
+        "torch/csrc/autograd/FunctionsManual.cpp: prod_backward counts the zeros",
+    ),
     Case("backward_of_matmul", _backward(lambda w: w * w), 0, "no read"),
     # Optimizers and training utilities
     Case("adam_steps", _adam_steps, 0, "torch/optim/adam.py: the step counter is on the host"),

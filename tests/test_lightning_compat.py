@@ -213,3 +213,24 @@ def test_lightnings_launcher_keeps_its_children_in_procs():
 
     launcher = _SubprocessScriptLauncher(LightningEnvironment(), num_processes=2, num_nodes=1)
     assert hasattr(launcher, "procs"), "_SubprocessScriptLauncher.procs was renamed"
+
+
+def test_the_lightning_functions_named_in_sync_fixes_exist():
+    # The report recognises Lightning's own reads by these functions in a sync's chain.
+    from lightning.pytorch.loops.training_epoch_loop import _TrainingEpochLoop
+    from lightning.pytorch.trainer.connectors.logger_connector.logger_connector import (
+        _LoggerConnector,
+    )
+
+    from gpu_busy.lightning_compat import LIGHTNING_READS
+
+    owners = {
+        "_broadcast_sigterm_tensor": _TrainingEpochLoop,
+        "in on_batch_end": _LoggerConnector,
+        "progress_bar_metrics": _LoggerConnector,
+        "update_train_step_metrics": _LoggerConnector,
+        "callback_metrics": pl.Trainer,
+    }
+    assert [marker for marker, _ in LIGHTNING_READS] == list(owners)
+    for marker, owner in owners.items():
+        assert hasattr(owner, marker.removeprefix("in ")), marker

@@ -76,7 +76,8 @@ class SyncPointDetector(pl.Callback):
         self._reset_run()
 
     def _reset_run(self) -> None:
-        self.table = SyncSiteTable()  # this rank's sites in this fit; after it, every rank's
+        # this rank's sites in this fit; after it, every rank's
+        self.table = SyncSiteTable(compat.LIGHTNING_READS)
         self._step = 0  # batches seen in this fit: the schedule's clock, equal on all ranks
         self._watching = False  # the current window is watched
         self._after_logging = False  # the window began right after a logging step
@@ -236,7 +237,7 @@ class SyncPointDetector(pl.Callback):
 
     def on_train_end(self, trainer, pl_module) -> None:
         self._stop(keep=False)
-        merged = SyncSiteTable()
+        merged = SyncSiteTable(compat.LIGHTNING_READS)
         for rows in gather_objects(trainer, self.table.rows()):
             merged.merge(rows)
         totals = WatchedSums()

@@ -394,8 +394,9 @@ _aten(
 )
 
 # Forward ops whose backward syncs; the backward is attributed to the forward line.
-# torch/csrc/autograd/FunctionsManual.cpp: cumprod_backward reads (input == 0).any()
-# unless the tensors are subclass-like (as under a dispatch mode); index_backward and
+# torch/csrc/autograd/FunctionsManual.cpp: cumprod_backward reads (input == 0).any() and
+# prod_backward finds the zeros with nonzero() (or sums them to a host number), unless the
+# tensors are subclass-like, as under a dispatch mode; index_backward and
 # masked_scatter_backward index with the mask again.
 BACKWARD_RULES: dict[Any, Rule] = {
     torch.Tensor.__getitem__: Rule(
@@ -419,6 +420,11 @@ BACKWARD_RULES: dict[Any, Rule] = {
         lambda d, a, k: d.on_device(a[0]) and torch.is_grad_enabled(),
     ),
 }
+BACKWARD_RULES[torch.prod] = BACKWARD_RULES[torch.Tensor.prod] = Rule(
+    "backward of prod (finds the zeros of the input)",
+    "keep the input free of zeros and use exp(sum(log(x))), or prod of a detached input",
+    lambda d, a, k: d.on_device(a[0]) and a[0].dim() > 0 and torch.is_grad_enabled(),
+)
 BACKWARD_RULES[torch.Tensor.cumprod] = BACKWARD_RULES[torch.cumprod]
 BACKWARD_RULES[torch.masked_scatter] = BACKWARD_RULES[torch.Tensor.masked_scatter]
 

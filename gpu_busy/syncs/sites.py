@@ -18,41 +18,13 @@ from dataclasses import asdict, dataclass, field
 
 from gpu_busy.syncs.detector import SyncEvent
 
-# Lightning's own reads, recognised by a function in the library chain (first match wins).
-_CHAIN_HINTS = (
-    (
-        "_broadcast_sigterm_tensor",
-        "Lightning's per-step DDP SIGTERM check: add gpu_busy.callbacks.StopOnSignal "
-        "(on in the default config), which checks every N steps instead",
-    ),
-    (
-        "in on_batch_end",
-        "Lightning converts prog_bar=True metrics after every step (an .item() each): log "
-        "without prog_bar and show them with gpu_busy.callbacks.LoggingStepProgressBar",
-    ),
-    (
-        "progress_bar_metrics",
-        "the progress bar reads prog_bar metrics when it refreshes: use "
-        "gpu_busy.callbacks.LoggingStepProgressBar",
-    ),
-    (
-        "update_train_step_metrics",
-        "Lightning writes the logged metrics to the loggers (logging steps only): expected; "
-        "a larger log_every_n_steps does it less often",
-    ),
-    (
-        "callback_metrics",
-        "trainer.callback_metrics converts logged tensors to numbers: read it at logging "
-        "steps or at epoch end",
-    ),
-)
 
-
-def fix_hint(event: SyncEvent) -> str:
-    """One line saying how to avoid this sync: Lightning's own reads by the function that
-    made them, else the hint of the rule that matched."""
+def fix_hint(event: SyncEvent, chain_hints: tuple[tuple[str, str], ...] = ()) -> str:
+    """One line saying how to avoid this sync: by a function in the library chain that made
+    it (``chain_hints``: ``(name, hint)``, first match wins; Lightning's own reads, from
+    ``lightning_compat.LIGHTNING_READS``), else the hint of the rule that matched."""
     chain = " ".join(event.chain)
-    for marker, hint in _CHAIN_HINTS:
+    for marker, hint in chain_hints:
         if marker in chain:
             return hint
     return event.hint or "find what reads device memory on the host here; defer it to logging steps"
@@ -85,19 +57,23 @@ class SyncSite:
 
 
 class SyncSiteTable:
-    """Call sites and counts over a run; ``render()`` gives the report lines."""
+    """Call sites and counts over a run; ``render()`` gives the report lines.
 
-    def __init__(self) -> None:
+    ``chain_hints``: fixes for reads a library makes, by a function in its chain.
+    """
+
+    def __init__(self, chain_hints: tuple[tuple[str, str], ...] = ()) -> None:
         self.sites: dict[tuple[str, int, str, str], SyncSite] = {}
+        self.chain_hints = chain_hints
 
     def add_all(self, events: list[SyncEvent], step: int, logging: bool) -> None:
         for e in events:
             key = (e.filename, e.lineno, e.op, e.phase)
             site = self.sites.get(key)
             if site is None:
+                hint = fix_hint(e, self.chain_hints)
                 site = self.sites[key] = SyncSite(
-                    e.filename, e.lineno, e.op, e.phase, e.function, e.code, e.via, fix_hint(e),
-                    e.allowed,
+                    e.filename, e.lineno, e.op, e.phase, e.function, e.code, e.via, hint, e.allowed
                 )  # fmt: skip
             site.count += 1
             site.steady_count += 0 if logging else 1

@@ -6,8 +6,11 @@
 #
 #   bash scripts/gpu_suite.sh [OUT_DIR]
 #
-# Uses .venv/bin/python when it exists, else python3 (a machine with torch, lightning,
-# torchmetrics, torchvision and jsonargparse already installed; matplotlib is optional).
+# Uses .venv/bin/python when it exists, else python3: a machine with torch, lightning,
+# torchmetrics and torchvision installed is enough (nothing is downloaded). Without
+# jsonargparse the tests and the benchmark part that run the entry point say "skipped" /
+# "not run"; everything else runs (tests/test_packages_and_contracts.py checks the
+# collection that way on every CI run). matplotlib is optional.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${1:-runs/gpu_suite}"

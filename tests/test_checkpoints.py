@@ -7,7 +7,7 @@ import lightning.pytorch as pl
 import pytest
 import torch
 
-from tests.conftest import DEBUG, DEFAULT
+from tests.conftest import DEBUG, DEFAULT, cli_main
 
 
 def test_an_interrupted_checkpoint_write_leaves_the_previous_checkpoint_whole(
@@ -41,7 +41,7 @@ def test_an_interrupted_checkpoint_write_leaves_the_previous_checkpoint_whole(
 
 
 def test_an_unwritable_run_directory_is_one_line_before_training(tmp_path, monkeypatch, capsys):
-    from template.train import main
+    main = cli_main()
 
     monkeypatch.chdir(tmp_path)
     blocker = tmp_path / "not_a_folder"
@@ -61,7 +61,8 @@ def test_last_ckpt_is_the_latest_state_even_when_val_acc_does_not_improve(tmp_pa
     """Lightning's save_last on a monitored ModelCheckpoint updates last.ckpt only in epochs
     that improve the monitored value; resuming from it would lose the later epochs."""
     from template.models import ImageClassifier
-    from template.train import main
+
+    main = cli_main()
 
     def worse_every_epoch(self):
         self.log("val/acc", 1.0 - 0.1 * self.current_epoch)
@@ -97,7 +98,7 @@ class _RunsCode:
 
 
 def test_a_checkpoint_that_would_run_code_is_refused_in_one_line(tmp_path, monkeypatch, capsys):
-    from template.train import main
+    main = cli_main()
 
     monkeypatch.chdir(tmp_path)
     marker = tmp_path / "code-ran"

@@ -15,7 +15,6 @@ import torch.distributed as dist
 from gpu_busy.faults.peer_watch import PeerWatch, describe_exit
 from gpu_busy.faults.stop_request import StopRequest
 from tests.conftest import DEBUG, DEFAULT, run_entry_point
-from tests.test_resume import RUN, assert_same_training_state, fit, steps
 
 # -- the mechanisms, alone -------------------------------------------------------------
 
@@ -118,6 +117,8 @@ def _stderr_lines(result) -> list[str]:
 
 @pytest.mark.slow
 def test_sigterm_saves_a_checkpoint_that_resumes_exactly(in_tmp, capsys):
+    from tests.test_resume import RUN, assert_same_training_state, fit, steps
+
     fit(in_tmp, "whole")
     result = run_entry_point(
         [*RUN, "--trainer.logger.init_args.name=split",

@@ -7,8 +7,7 @@ import pytest
 import torch
 
 from template.data.augment import DeviceAugment
-from template.train import main
-from tests.conftest import DEBUG, DEFAULT
+from tests.conftest import DEBUG, DEFAULT, cli_main
 
 pytestmark = pytest.mark.gpu
 
@@ -333,3 +332,8 @@ def test_the_detector_agrees_with_cudas_sync_debug_mode(case):
     waits = _cuda_waits(lambda: case.run(fresh))
     assert waits == bool(case.syncs), "the case list is wrong about this call on CUDA"
     assert len(rec.events) == case.syncs, [str(e) for e in rec.events]
+
+
+def main(args: list[str]) -> int:
+    """The entry point, where it can be imported (the test skips where it cannot)."""
+    return cli_main()(args)

@@ -23,7 +23,7 @@ from gpu_busy.idle import (
     save_picture,
 )
 from gpu_busy.idle.intervals import gaps, merge, overlap_length, union_length
-from tests.conftest import DEBUG, DEFAULT
+from tests.conftest import DEBUG, DEFAULT, cli_main
 
 # -- intervals -----------------------------------------------------------------------
 
@@ -413,7 +413,7 @@ def test_report_gives_each_figures_rank_max_and_reads_na_for_gpu_figures_on_a_ho
 
 
 def test_idle_monitor_logs_reports_and_captures_a_profiler_window(tmp_path, monkeypatch):
-    from template.train import main
+    main = cli_main()
 
     monkeypatch.chdir(tmp_path)
     code = main(

@@ -10,7 +10,7 @@ import torch
 from gpu_busy.callbacks.nonfinite_loss import FirstNonFinite
 from gpu_busy.syncs import assert_no_syncs
 from template.models import ImageClassifier
-from tests.conftest import DEBUG, DEFAULT
+from tests.conftest import DEBUG, DEFAULT, cli_main
 
 
 def test_first_non_finite_update_is_recorded_on_the_device_without_syncs():
@@ -27,7 +27,7 @@ def test_first_non_finite_update_is_recorded_on_the_device_without_syncs():
 def test_a_nan_loss_stops_the_run_naming_the_step_and_keeps_the_last_good_checkpoint(
     tmp_path, monkeypatch, capsys
 ):
-    from template.train import main
+    main = cli_main()
 
     step_with_nan = 15  # epoch 1 (12 steps per epoch), a logging step with every 4
     original = ImageClassifier.training_step
@@ -61,7 +61,7 @@ def test_a_nan_loss_stops_the_run_naming_the_step_and_keeps_the_last_good_checkp
 def test_a_save_between_checks_is_refused_after_a_nan(tmp_path, monkeypatch, capsys):
     """A save outside the regular checks (StopOnSignal's, a user's mid-epoch one) is checked
     in on_save_checkpoint: nothing is written from non-finite weights."""
-    from template.train import main
+    main = cli_main()
 
     original = ImageClassifier.training_step
 

@@ -17,8 +17,9 @@ import torch
 from gpu_busy.idle import IdleStats
 from gpu_busy.prefetch import PrefetchStats
 from template.data.augment import DeviceAugment
-from template.train import main
-from tests.conftest import DEBUG, DEFAULT, ROOT
+from tests.conftest import DEBUG, DEFAULT, ROOT, cli_main
+
+main = cli_main()  # skips this module where the entry point cannot be imported
 
 FOREIGN = [
     "--model.class_path=tests.foreign_modules.BlobClassifier",
@@ -161,3 +162,22 @@ def test_make_train_puts_runs_where_runs_says():
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert "--trainer.logger.init_args.save_dir=/scratch/me/runs" in result.stdout
+
+
+def test_the_gpu_suite_collects_without_the_cli_dependency(tmp_path):
+    """A GPU machine may have torch and lightning but not jsonargparse: the tests that need
+    the entry point skip, every other test is collected and runs."""
+    blocked = tmp_path / "blocked" / "jsonargparse"
+    blocked.mkdir(parents=True)
+    (blocked / "__init__.py").write_text("raise ModuleNotFoundError('no jsonargparse here')\n")
+    env = {**os.environ, "PYTHONPATH": f"{blocked.parent}{os.pathsep}{ROOT}"}
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "gpu",
+         "-p", "no:cacheprovider", "-o", "addopts="],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out[-3000:]
+    assert "ERROR collecting" not in out and " error" not in out.splitlines()[-1], out[-3000:]
+    collected = [line for line in result.stdout.splitlines() if "test_gpu.py::" in line]
+    assert len(collected) > 50, out[-2000:]  # the GPU tests, the case list among them

@@ -15,7 +15,7 @@ from gpu_busy.callbacks import LoggingStepProgressBar, SyncPointDetector
 from gpu_busy.syncs import SyncError, assert_no_syncs
 from template.data import ImageDataModule
 from template.models import ImageClassifier, classifier
-from tests.conftest import DEBUG, DEFAULT
+from tests.conftest import DEBUG, DEFAULT, cli_main
 
 
 def _fit(tmp_path, model, callbacks, **trainer_args):
@@ -96,7 +96,8 @@ def test_default_sampling_stays_within_budget_and_watches_the_first_steps(tmp_pa
 def test_the_default_config_step_is_sync_free_in_steady_state(tmp_path, monkeypatch):
     """Every sync the CPU simulation sees outside logging steps is a simulation artefact."""
     from gpu_busy.callbacks import sync_point_detector
-    from template.train import main
+
+    main = cli_main()
 
     # Watch every step (the configured budget would watch only the first few here).
     class WatchAll(sync_point_detector.WatchSchedule):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import warnings
 from typing import Any
 
 from lightning.fabric.utilities.rank_zero import rank_zero_only
@@ -41,6 +42,24 @@ class _StderrHandler(logging.StreamHandler):
         pass
 
 
+class _WhenNobodyElse(_StderrHandler):
+    """On this package's logger: prints a line only while the root logger has no handler,
+    i.e. in a script that never configured logging. Once it is configured (``setup_logging``,
+    ``logging.basicConfig``), the line reaches the root's handlers instead: never twice."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if not logging.getLogger().handlers:
+            super().emit(record)
+
+
+def _formatted(handler: logging.Handler) -> logging.Handler:
+    handler.setFormatter(logging.Formatter(_FORMAT, datefmt="%H:%M:%S"))
+    return handler
+
+
+logging.getLogger("gpu_busy").addHandler(_formatted(_WhenNobodyElse()))
+
+
 class RankedLogger(logging.LoggerAdapter):
     """A ``LoggerAdapter`` that writes on rank zero only, or on every rank with a prefix."""
 
@@ -64,14 +83,16 @@ def get_logger(name: str) -> RankedLogger:
 
 
 def setup_logging() -> None:
-    """Send log lines to stderr with a timestamp; idempotent.
+    """Send log lines to stderr with a timestamp; idempotent. On ranks other than zero,
+    Python warnings are not shown: rank zero shows each once.
 
     The handler sits on the root logger so loggers from ``get_logger`` in your own modules
     print too. Lightning's loggers do not propagate to the root, so nothing is doubled.
     """
     root = logging.getLogger()
     if not any(getattr(h, "_template", False) for h in root.handlers):
-        handler = _StderrHandler()
-        handler.setFormatter(logging.Formatter(_FORMAT, datefmt="%H:%M:%S"))
+        handler = _formatted(_StderrHandler())
         handler._template = True
         root.addHandler(handler)
+    if current_rank() != 0:
+        warnings.simplefilter("ignore")

@@ -23,6 +23,7 @@ from __future__ import annotations
 import threading
 import time
 import warnings
+from abc import ABC
 from collections import deque
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -57,6 +58,7 @@ class PrefetchStats(WindowSums):
     exposed_copies: int = 0
     exposed_copy_ms: float = 0.0
     pageable_batches: int = 0
+    unmoved_batches: int = 0  # left to Lightning: they move themselves (see StreamCopier)
 
     def means(self) -> dict[str, float | None]:
         """Per-copy time, exposed time and hidden share; None = n/a."""
@@ -72,7 +74,11 @@ class PrefetchStats(WindowSums):
         }
 
     def counts(self) -> dict[str, int]:
-        return {"batches": self.batches, "pageable_batches": self.pageable_batches}
+        return {
+            "batches": self.batches,
+            "pageable_batches": self.pageable_batches,
+            "unmoved_batches": self.unmoved_batches,
+        }
 
 
 @dataclass
@@ -85,6 +91,7 @@ class InFlightBatch:
     pinning: Future | None = None  # the pinning thread's InFlightBatch, when it pins
     host_copy_ms: float | None = None  # non-CUDA: host time of the synchronous move
     pageable: bool = False
+    unmoved: bool = False  # handed over as it came: Lightning moves it
 
 
 def _move(batch: Any, device: torch.device, non_blocking: bool) -> Any:
@@ -92,6 +99,33 @@ def _move(batch: Any, device: torch.device, non_blocking: bool) -> Any:
         return t if t.device == device else t.to(device, non_blocking=non_blocking)
 
     return apply_to_collection(batch, torch.Tensor, move)
+
+
+class _Movable(ABC):  # noqa: B024 - a structural check, nothing to implement
+    """What Lightning moves to the device: anything with a ``.to`` method (its
+    ``_TransferableDataType`` rule), tensors included."""
+
+    @classmethod
+    def __subclasshook__(cls, subclass: type) -> bool:
+        return callable(getattr(subclass, "to", None)) if cls is _Movable else NotImplemented
+
+
+def self_moving_leaf(batch: Any) -> type | None:
+    """The type of a leaf that moves itself (a ``.to`` method, not a tensor), or None.
+
+    Lightning moves such an object with its own ``.to``; the prefetcher cannot see the
+    tensors inside it, so it could not keep their memory from being reused while the
+    compute stream reads them (``record_stream``). Such batches are left to Lightning.
+    """
+    found: list[type] = []
+
+    def check(leaf: Any) -> Any:
+        if not found and not isinstance(leaf, torch.Tensor):
+            found.append(type(leaf))
+        return leaf
+
+    apply_to_collection(batch, _Movable, check)
+    return found[0] if found else None
 
 
 def _has_pageable(batch: Any) -> bool:
@@ -131,7 +165,7 @@ class StreamCopier:
         self._events = EventPool(timing_events) if self.is_cuda else None
         self._pending: deque[tuple[Any, ...]] = deque()  # (start, ready, consumer, stats)
         self._pin_pool: ThreadPoolExecutor | None = None
-        self._warned_pageable = False
+        self._warned: set[str] = set()
         self._lock = threading.Lock()
 
     @property
@@ -142,12 +176,23 @@ class StreamCopier:
         return self._stream
 
     def start(self, batch: Any) -> InFlightBatch:
+        unmovable = self_moving_leaf(batch)
+        if unmovable is not None:
+            self._warn_once(
+                "unmoved",
+                f"StreamPrefetcher leaves batches holding {unmovable.__name__} to Lightning: "
+                "it moves itself with .to(), and the prefetcher cannot see the tensors inside "
+                "to keep their memory safe on a side stream. Those batches are copied on the "
+                "compute stream, without overlap; return tensors, dicts or dataclasses of "
+                "tensors from the DataLoader to prefetch them.",
+            )
+            return InFlightBatch(batch, unmoved=True)
         if not self.is_cuda:
             t0 = time.perf_counter()
             moved = _move(batch, self.device, non_blocking=False)
             return InFlightBatch(moved, host_copy_ms=1e3 * (time.perf_counter() - t0))
         if _has_pageable(batch):
-            self._warn_pageable()
+            self._warn_once("pageable", PAGEABLE_WARNING)
             if self.pin_memory:
                 if self._pin_pool is None:
                     self._pin_pool = ThreadPoolExecutor(1, thread_name_prefix="prefetch-pin")
@@ -161,6 +206,9 @@ class StreamCopier:
             in_flight = in_flight.pinning.result()
         if in_flight.pageable:
             stats.pageable_batches += 1
+        if in_flight.unmoved:
+            stats.unmoved_batches += 1
+            return in_flight.batch
         if not self.is_cuda:
             stats.copies += 1
             stats.copy_ms += in_flight.host_copy_ms or 0.0
@@ -232,12 +280,12 @@ class StreamCopier:
             )
             return self._copy(pinned, pageable=True)
 
-    def _warn_pageable(self) -> None:
+    def _warn_once(self, kind: str, message: str) -> None:
         with self._lock:
-            if self._warned_pageable:
+            if kind in self._warned:
                 return
-            self._warned_pageable = True
-        warnings.warn(PAGEABLE_WARNING, stacklevel=3)
+            self._warned.add(kind)
+        warnings.warn(message, stacklevel=3)
 
 
 def _record(t: torch.Tensor, stream: torch.cuda.Stream) -> torch.Tensor:

@@ -435,7 +435,7 @@ def test_idle_monitor_logs_reports_and_captures_a_profiler_window(tmp_path, monk
     assert sum(mean[f"idle_{c}_ms"] or 0 for c in CAUSES) == pytest.approx(mean["idle_ms"])
     # The prefetcher and the sync detector write their own files, through the same writer.
     assert json.loads((run / "prefetch.json").read_text())["batches"] == 24
-    assert json.loads((run / "syncs.json").read_text())["summary"]["watched_steps"] >= 3
+    assert json.loads((run / "syncs.json").read_text())["summary"]["watched_steps"] >= 1
     # Profiler windows at steps 8 and 16 (plus a warm-up step each): saved and analysed.
     traces = sorted((run / "traces").glob("rank0-step*.pt.trace.json"))
     assert [t["first_step"] for t in report["traces"]] == [9, 17]

@@ -65,7 +65,7 @@ def test_reports_the_users_line_with_a_fix_once(tmp_path, caplog):
     assert "self.log" in site.hint
     assert not [s for s in detector.table.sites.values() if "batch[1]" in s.code]
     report = [r.getMessage() for r in caplog.records if "sync points:" in r.getMessage()]
-    assert len(report) == 1 and "24 watched step(s) of 24" in report[0]
+    assert len(report) == 1 and "24 of 24 training batches watched" in report[0]
     assert any("self.last_loss = loss.item()" in r.getMessage() for r in caplog.records)
     saved = json.loads((tmp_path / "lightning_logs" / "version_0" / "syncs.json").read_text())
     assert saved["summary"]["watched_steps"] == 24
@@ -84,13 +84,21 @@ def test_strict_stops_at_the_first_sync_naming_the_line(tmp_path):
 
 
 def test_default_sampling_stays_within_budget_and_watches_the_first_steps(tmp_path):
-    detector = SyncPointDetector()
+    detector = SyncPointDetector(first_steps=3)
     _fit(tmp_path, ImageClassifier(width=4), [detector], limit_train_batches=16, max_epochs=2)
     report = detector.report
     assert report["steps"] == 32
     assert 3 <= report["watched_steps"] < 32
     assert report["interval"] is not None and report["interval"] >= 2
     assert report["watched_step_overhead"] is not None
+
+
+def test_a_short_fit_watches_one_batch_and_says_so_up_front(tmp_path, caplog):
+    detector = SyncPointDetector()  # 3 first batches, fewer where the budget needs it
+    with caplog.at_level(logging.INFO):
+        _fit(tmp_path, ImageClassifier(width=4), [detector], limit_train_batches=16)
+    assert "a fit of 16 batches is too short to keep even one watched batch" in caplog.text
+    assert detector.report["watched_steps"] == 1
 
 
 def test_the_default_config_step_is_sync_free_in_steady_state(tmp_path, monkeypatch):
@@ -103,6 +111,9 @@ def test_the_default_config_step_is_sync_free_in_steady_state(tmp_path, monkeypa
     class WatchAll(sync_point_detector.WatchSchedule):
         def __init__(self, budget, first):
             super().__init__(budget=budget, first=1000)
+
+        def plan_fit(self, steps):
+            return True
 
     monkeypatch.setattr(sync_point_detector, "WatchSchedule", WatchAll)
     monkeypatch.chdir(tmp_path)

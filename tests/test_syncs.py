@@ -524,3 +524,11 @@ def test_allow_syncs_marks_deliberate_syncs_for_strict_assert_and_the_report(no_
     assert "allowed: early stopping reads the loss once per epoch" in text
     with pytest.raises(ValueError, match="needs a reason"):
         allow_syncs("")
+
+
+def test_the_first_watched_steps_fit_the_budget_of_a_fit_of_known_length():
+    s = WatchSchedule(budget=0.01, first=3)
+    assert s.plan_fit(150) and s.first == 3  # 3 x ~50% = 1.5 plain steps of 150
+    assert s.plan_fit(60) and s.first == 1
+    assert not s.plan_fit(20) and s.first == 1  # even one is over 1%: watched, and said
+    assert s.plan_fit(None) and s.plan_fit(float("inf")) and s.first == 3

@@ -162,6 +162,11 @@ class StreamPrefetcher(pl.Callback):
         ]
         if total.pageable_batches:
             lines.append(f"prefetch: {total.pageable_batches} batches arrived unpinned")
+        if total.unmoved_batches:
+            lines.append(
+                f"prefetch: off for {total.unmoved_batches} of {total.batches} batches: they "
+                "move themselves with .to(), so Lightning copied them on the compute stream"
+            )
         publish(trainer, "prefetch", self.report, lines, folder)
 
     @staticmethod

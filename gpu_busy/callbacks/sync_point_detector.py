@@ -28,10 +28,13 @@ import torch
 
 from gpu_busy import lightning_compat as compat
 from gpu_busy.callbacks.ranks import gather_objects, gather_rows, log_metrics, publish, run_dir
+from gpu_busy.log import get_logger
 from gpu_busy.syncs.detector import SyncDetector
 from gpu_busy.syncs.sampling import WatchSchedule
 from gpu_busy.syncs.sites import SyncSiteTable
 from gpu_busy.window_sums import WindowSums
+
+log = get_logger(__name__)
 
 _MAX_ROWS = 64  # per-step counts sent per logging window (a fixed size for all_gather)
 
@@ -52,7 +55,8 @@ class SyncPointDetector(pl.Callback):
 
     Args:
         overhead_budget: share of training time the watched steps may cost (0.01 = 1%).
-        first_steps: steps watched at the start of every fit, whatever they cost.
+        first_steps: batches watched at the start of every fit, whatever they cost. None:
+            3, or fewer where the fit's length is known and 3 would not fit the budget.
         strict: raise at the first sync in a watched non-logging step.
         device_type: which tensors count as device memory; None follows the root device.
         log_stats: write ``syncs/*`` at Lightning's logging steps.
@@ -61,18 +65,20 @@ class SyncPointDetector(pl.Callback):
     def __init__(
         self,
         overhead_budget: float = 0.01,
-        first_steps: int = 3,
+        first_steps: int | None = None,
         strict: bool = False,
         device_type: str | None = None,
         log_stats: bool = True,
     ) -> None:
-        self.schedule = WatchSchedule(budget=overhead_budget, first=first_steps)
+        self.schedule = WatchSchedule(budget=overhead_budget, first=first_steps or 3)
+        self._fit_first_to_budget = first_steps is None
         self.strict = strict
         self.device_type = device_type
         self.log_stats = log_stats
         self.detector: SyncDetector | None = None
         self.report: dict = {}
         self._fit_start = 0.0
+        self._first_global_step = 0
         self._reset_run()
 
     def _reset_run(self) -> None:
@@ -95,8 +101,19 @@ class SyncPointDetector(pl.Callback):
         device_type = self.device_type or trainer.strategy.root_device.type
         self.detector = SyncDetector(device_type)
         self._reset_run()
+        batches = trainer.estimated_stepping_batches * trainer.accumulate_grad_batches
+        if self._fit_first_to_budget and not self.schedule.plan_fit(batches):
+            log.info(
+                "SyncPointDetector: a fit of %d batches is too short to keep even one watched "
+                "batch within %.0f%% of its time (a watched batch costs about +%.0f%%); "
+                "watching one",
+                batches,
+                100 * self.schedule.budget,
+                100 * self.schedule.PRIOR_EXTRA,
+            )
         self._due = self.schedule.should_watch(0)
         self._fit_start = time.perf_counter()
+        self._first_global_step = trainer.global_step
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:
         self._stop(keep=False)  # a window open across the epoch boundary is not a step's
@@ -246,9 +263,13 @@ class SyncPointDetector(pl.Callback):
         self.table = merged
         self.report = self._summary(trainer, totals)
         folder = run_dir(trainer)  # every rank asks: a broadcast under DDP
+        # A watched "step" is one training batch: under gradient accumulation, fewer
+        # optimizer steps than batches.
+        optimizer = trainer.global_step - self._first_global_step
+        steps = f" ({optimizer} optimizer steps)" if optimizer != self._step else ""
         headline = (
-            f"sync points: {self.report['watched_steps']} watched step(s) of {self._step}; "
-            f"{_number(self.report['syncs_per_step'])} syncs/step, "
+            f"sync points: {self.report['watched_steps']} of {self._step} training batches "
+            f"watched{steps}; {_number(self.report['syncs_per_step'])} syncs/batch, "
             f"{_number(self.report['steady_syncs_per_step'])} in steady state (not logging "
             f"steps); {_cost(self.report)}"
         )
@@ -272,6 +293,7 @@ class SyncPointDetector(pl.Callback):
             "watched_step_overhead": ratio,
             "amortised_overhead": amortised,
             "interval": self.schedule.interval,
+            "budget": self.schedule.budget,
             "sites": len(self.table.sites),
         }
 
@@ -315,6 +337,9 @@ def _number(x: float | None) -> str:
 def _cost(report: dict) -> str:
     w, a = report.get("watched_step_overhead"), report.get("amortised_overhead")
     if w is None:
-        return "overhead not measured (too few steps)"
+        return "overhead not measured (too few batches to compare)"
     amort = "n/a" if a is None else f"{100 * a:.2f}%"
-    return f"a watched step costs +{100 * w:.0f}%, amortised {amort} of fit time"
+    over = ""
+    if a is not None and a > report["budget"]:
+        over = f", over the {100 * report['budget']:.0f}% budget: the fit was too short"
+    return f"a watched batch costs +{100 * w:.0f}%, amortised {amort} of fit time{over}"

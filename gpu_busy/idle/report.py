@@ -54,9 +54,9 @@ def render_table(report: dict[str, Any]) -> list[str]:
     value of any rank."""
     mean, most = report["mean"], report["rank_max"]
     many = report["world_size"] > 1
-    head = f"{'per step':<34}{'mean':>10}" + (f"{'rank max':>10}" if many else "")
+    head = f"{'per batch':<34}{'mean':>10}" + (f"{'rank max':>10}" if many else "")
     lines = [
-        f"idle time: {report['steps']} steps, {report['world_size']} rank(s), "
+        f"idle time: {report['steps']} training batches, {report['world_size']} rank(s), "
         f"timed by {report['clock']}",
         head,
     ]
@@ -125,12 +125,12 @@ def save_picture(
         colors=[colour for _, _, colour in layers],
         step="mid" if len(steps) < 50 else None,
     )
-    top.set_ylabel("device time per step (ms)")
+    top.set_ylabel("device time per batch (ms)")
     top.legend(loc="upper right", fontsize=8, ncol=2)
     top.set_title(title or "where each training step's time went")
     bottom.plot(steps, [r[col["loader_wait_ms"]] for r in rows], color="#dd8452", lw=1)
     bottom.set_ylabel("host data\nwait (ms)")
-    bottom.set_xlabel("training step")
+    bottom.set_xlabel("training batch")
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path, dpi=110)

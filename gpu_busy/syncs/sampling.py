@@ -27,6 +27,9 @@ from collections import deque
 class WatchSchedule:
     """Watch the first ``first`` steps, then as often as the budget allows (from measurement).
 
+    ``plan_fit(steps)`` at the start of a fit of known length lowers ``first`` so that the
+    always-watched steps fit the budget of the whole fit, by the prior cost below.
+
     Args:
         budget: largest share of run time the watching may cost (0.01 = 1%).
         first: steps always watched at the start (the first of them is never timed: it
@@ -41,7 +44,7 @@ class WatchSchedule:
         if not 0 < budget <= 1:
             raise ValueError(f"budget must be in (0, 1], got {budget}")
         self.budget = budget
-        self.first = first
+        self.first = self.first_asked = first
         self.max_interval = max_interval
         self.interval: int | None = None  # steady-state spacing; None: not measured yet
         self.extra: float | None = None  # cost of a watched step, in plain steps
@@ -49,6 +52,21 @@ class WatchSchedule:
         self.watched: deque[float] = deque(maxlen=window)
         self.plain: deque[float] = deque(maxlen=window)
         self._last_watched = -1
+
+    # What a watched step costs before one is measured, in plain steps: about what the sync
+    # detector costs on a small CPU model (docs/BENCHMARKS.md: +34% to +45%), rounded up.
+    PRIOR_EXTRA = 0.5
+
+    def plan_fit(self, steps: float | None) -> bool:
+        """Fit the always-watched first steps into the budget of a fit of ``steps`` (None or
+        inf: unknown, keep ``first``). At least one is watched; returns False when even that
+        one is over the budget (a fit shorter than ``PRIOR_EXTRA / budget`` steps)."""
+        self.first = self.first_asked
+        if steps is None or math.isinf(steps) or steps <= 0:
+            return True
+        affordable = int(self.budget * steps / self.PRIOR_EXTRA)
+        self.first = max(1, min(self.first_asked, affordable))
+        return affordable >= 1
 
     def should_watch(self, step: int) -> bool:
         if step < self.first:

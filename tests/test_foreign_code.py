@@ -1,0 +1,250 @@
+"""The default config's callbacks over code this project did not write: Lightning's own
+demo modules, a module in the common template style (Adam, torchmetrics, prog_bar=True,
+a scheduler), dict and custom-class batches, gradient accumulation, a validation loop,
+and 2-process DDP through the entry point. Each fit must complete, print its reports and
+write their files, leave the prefetcher in the state its batches allow, and report the
+syncs the module really makes."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+from pathlib import Path
+
+import lightning.pytorch as pl
+import pytest
+import torch
+import yaml
+from lightning.pytorch.demos import LightningTransformer
+from lightning.pytorch.demos.boring_classes import (
+    BoringModel,
+    ManualOptimBoringModel,
+    RandomIterableDataset,
+)
+from lightning.pytorch.demos.lstm import LightningLSTM
+from torch.utils.data import DataLoader, Dataset, TensorDataset
+
+from gpu_busy.callbacks import StreamPrefetcher, SyncPointDetector
+from tests.conftest import DEFAULT, ROOT, run_entry_point
+from tests.foreign_modules import BlobClassifier, BlobData
+
+
+def default_callbacks() -> list[pl.Callback]:
+    """The measuring package's callbacks as configs/default.yaml lists them; every batch
+    watched by the sync detector, so the known syncs show in a short fit."""
+    out = []
+    for spec in yaml.safe_load(Path(DEFAULT).read_text())["trainer"]["callbacks"]:
+        module, name = spec["class_path"].rsplit(".", 1)
+        if not module.startswith("gpu_busy"):
+            continue
+        args = dict(spec.get("init_args") or {})
+        if name == "SyncPointDetector":
+            args["first_steps"] = 1000
+        out.append(getattr(importlib.import_module(module), name)(**args))
+    return out
+
+
+def fit(tmp_path, model, data=None, caplog=None, **trainer_args):
+    callbacks = default_callbacks()
+    settings = dict(
+        accelerator="cpu", max_epochs=1, limit_train_batches=8, limit_val_batches=2,
+        log_every_n_steps=4, num_sanity_val_steps=0, enable_checkpointing=False,
+        enable_model_summary=False, logger=pl.loggers.CSVLogger(tmp_path),
+    )  # fmt: skip
+    trainer = pl.Trainer(callbacks=callbacks, **{**settings, **trainer_args})
+    with caplog.at_level(logging.INFO):
+        trainer.fit(model, datamodule=data)
+    run = tmp_path / "lightning_logs" / "version_0"
+    for line in ("sync points:", "idle time:", "fit done in"):
+        assert line in caplog.text, line
+    for name in ("idle.json", "syncs.json", "prefetch.json"):
+        assert (run / name).is_file(), name
+    detector = next(c for c in callbacks if isinstance(c, SyncPointDetector))
+    prefetcher = next(c for c in callbacks if isinstance(c, StreamPrefetcher))
+    return detector, prefetcher, run
+
+
+def steady_sites(detector: SyncPointDetector) -> list:
+    return [s for s in detector.table.sites.values() if s.steady_count and not s.allowed]
+
+
+# -- Lightning's own demos ------------------------------------------------------------
+
+
+def test_boring_model_is_sync_free(tmp_path, caplog):
+    detector, prefetcher, _ = fit(tmp_path, BoringModel(), caplog=caplog)
+    assert steady_sites(detector) == [] and prefetcher.report["batches"] == 8
+
+
+def test_manual_optimisation(tmp_path, caplog):
+    detector, prefetcher, _ = fit(tmp_path, ManualOptimBoringModel(), caplog=caplog)
+    assert steady_sites(detector) == [] and prefetcher.report["batches"] == 8
+
+
+class IterableBoring(BoringModel):
+    def train_dataloader(self):
+        return DataLoader(RandomIterableDataset(32, 8), batch_size=None)
+
+
+def test_an_iterable_dataset_without_a_length(tmp_path, caplog):
+    detector, prefetcher, _ = fit(tmp_path, IterableBoring(), caplog=caplog)
+    assert steady_sites(detector) == [] and prefetcher.report["batches"] == 8
+
+
+def _tokens(seed: int) -> DataLoader:
+    x = torch.randint(0, 100, (64, 16), generator=torch.Generator().manual_seed(seed))
+    return DataLoader(TensorDataset(x, torch.roll(x, -1, 1)), batch_size=8)
+
+
+class Transformer(LightningTransformer):
+    """The demo on synthetic tokens (its own data is downloaded)."""
+
+    def __init__(self) -> None:
+        super().__init__(vocab_size=100)
+
+    def prepare_data(self) -> None:
+        pass
+
+    def train_dataloader(self) -> DataLoader:
+        return _tokens(0)
+
+
+def test_the_transformer_demo_copies_its_mask_to_the_device_every_step(tmp_path, caplog):
+    detector, _, _ = fit(tmp_path, Transformer(), caplog=caplog)
+    sites = {(s.op.split(" ")[0], s.code) for s in steady_sites(detector)}
+    # Its forward builds the causal mask on the host and copies it over, blocking, and
+    # nn.Transformer checks whether that mask is causal with bool(tensor).
+    assert (
+        "Tensor.to",
+        "mask = self.generate_square_subsequent_mask(t).to(inputs.device)",
+    ) in sites
+    assert any(op == "bool(tensor)" for op, _ in sites)
+    assert all(s.location.startswith("lightning/pytorch/demos/") for s in steady_sites(detector))
+
+
+class LSTM(LightningLSTM):
+    def __init__(self) -> None:
+        super().__init__(vocab_size=100)
+
+    def prepare_data(self) -> None:
+        pass
+
+    def train_dataloader(self) -> DataLoader:
+        return _tokens(1)
+
+
+def test_the_lstm_demo_reads_its_prog_bar_loss_every_step(tmp_path, caplog):
+    detector, _, _ = fit(tmp_path, LSTM(), caplog=caplog)
+    # self.log("train_loss", loss, prog_bar=True): Lightning converts it after every step.
+    (site,) = steady_sites(detector)
+    assert site.op == "Tensor.item()" and "LoggingStepProgressBar" in site.hint
+
+
+# -- modules in the common template style --------------------------------------------
+
+
+class TemplateStyle(BlobClassifier):
+    """Adam, torchmetrics called as functions, prog_bar=True, ReduceLROnPlateau."""
+
+    def validation_step(self, batch, batch_idx):
+        super().validation_step(batch, batch_idx)
+        self.log("val/loss", torch.nn.functional.cross_entropy(self.net(batch["x"]), batch["y"]))
+
+    def configure_optimizers(self):
+        optimizer = torch.optim.Adam(self.parameters(), lr=1e-2)
+        scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer)
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": {"scheduler": scheduler, "monitor": "val/loss"},
+        }
+
+
+def test_a_template_style_module_with_dict_batches_and_validation(tmp_path, caplog):
+    detector, prefetcher, run = fit(tmp_path, TemplateStyle(num_classes=5), BlobData(), caplog)
+    # Adam's step counter is host memory: no sync. What syncs every step is Lightning
+    # converting the prog_bar metrics, and torchmetrics' bincount in its update.
+    ops = {s.op for s in steady_sites(detector)}
+    assert "Tensor.item()" in ops and any(op.startswith("bincount") for op in ops), ops
+    assert not any("adam" in (s.via or "") for s in steady_sites(detector))
+    assert prefetcher.report["batches"] == 8 and prefetcher.report["unmoved_batches"] == 0
+    assert json.loads((run / "syncs.json").read_text())["summary"]["steady_syncs_per_step"] > 0
+
+
+class Pair:
+    """A batch class that moves itself, as Lightning documents for custom batches."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        self.x, self.y = x, y
+
+    def to(self, device, non_blocking: bool = False) -> Pair:
+        return Pair(self.x.to(device, non_blocking=non_blocking), self.y.to(device))
+
+
+class _Points(Dataset):
+    def __init__(self) -> None:
+        g = torch.Generator().manual_seed(0)
+        self.x, self.y = torch.randn(64, 16, generator=g), torch.randint(0, 5, (64,), generator=g)
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, i):
+        return self.x[i], self.y[i]
+
+
+def _pairs(items) -> Pair:
+    return Pair(torch.stack([x for x, _ in items]), torch.stack([y for _, y in items]))
+
+
+class PairModule(BlobClassifier):
+    """Sync-free: metrics logged without prog_bar, as a metric object."""
+
+    def training_step(self, batch: Pair, batch_idx):
+        loss = torch.nn.functional.cross_entropy(self.net(batch.x), batch.y)
+        self.log("train/loss", loss)
+        return loss
+
+    def validation_step(self, batch: Pair, batch_idx):
+        self.val_acc.update(self.net(batch.x), batch.y)
+        self.log("val/acc", self.val_acc)
+
+    def train_dataloader(self):
+        return DataLoader(_Points(), batch_size=8, collate_fn=_pairs)
+
+    val_dataloader = train_dataloader
+
+
+def test_a_custom_batch_class_with_gradient_accumulation(tmp_path, caplog):
+    detector, prefetcher, _ = fit(
+        tmp_path, PairModule(num_classes=5), caplog=caplog, accumulate_grad_batches=2
+    )
+    assert steady_sites(detector) == []
+    # It moves itself: the prefetcher hands it to Lightning and says so, figures off.
+    assert prefetcher.report["unmoved_batches"] == prefetcher.report["batches"] == 8
+    assert prefetcher.report["copy_ms"] is None
+    assert "they move themselves with .to()" in caplog.text
+    # Batches and optimizer steps told apart: 8 batches made 4 steps.
+    assert "8 of 8 training batches watched (4 optimizer steps)" in caplog.text
+    assert "8 training batches" in caplog.text and "4 steps" in caplog.text
+
+
+# -- 2-process DDP through the entry point ---------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_foreign_module_under_two_process_ddp(tmp_path):
+    result = run_entry_point(
+        ["fit", "--config", DEFAULT, "--config", str(ROOT / "configs" / "debug.yaml"),
+         "--model.class_path=tests.foreign_modules.BlobClassifier",
+         "--data.class_path=tests.foreign_modules.BlobData",
+         "--trainer.accelerator=cpu", "--trainer.devices=2", "--trainer.max_epochs=1"],
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = result.stderr
+    for line in ("sync points:", "idle time:", "prefetch:", "fit done in"):
+        assert out.count(line) == 1, line  # once, by rank zero, from both ranks' figures
+    assert "over 2 process(es)" in out
+    run = tmp_path / "runs" / "debug" / "version_0"
+    assert json.loads((run / "idle.json").read_text())["world_size"] == 2

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 
 import pytest
 
@@ -38,6 +39,9 @@ def test_two_rank_cpu_ddp_trains_disjoint_shards_and_logs_once(tmp_path):
     everything = {hashlib.sha1(image.numpy().tobytes()).hexdigest() for image in images}
     assert rank0 | rank1 == everything
 
+    # Third-party warnings (file.py:line: message) are shown by rank zero only: none twice.
+    warned = [line for line in output.splitlines() if re.match(r"^\S+\.py:\d+: ", line)]
+    assert warned and len(warned) == len(set(warned)), warned
     # Rank-zero lines appear once; per-rank lines once per rank, each naming its rank.
     assert output.count("run directory") == 1
     assert output.count("fit done in") == 1
@@ -55,7 +59,7 @@ def test_two_rank_cpu_ddp_trains_disjoint_shards_and_logs_once(tmp_path):
     # and .item() are gone; what is left is this test's probe.
     assert output.count("sync points:") == 1
     saved = json.loads((tmp_path / "runs" / "debug" / "version_0" / "syncs.json").read_text())
-    assert saved["summary"]["watched_steps"] >= 3
+    assert saved["summary"]["watched_steps"] >= 1
     steady = [s for s in saved["sites"] if s["steady_count"] and "ddp_probe" not in s["filename"]]
     assert steady == [], steady
     assert not [s for s in saved["sites"] if "sigterm" in (s["via"] or "") and s["steady_count"]]

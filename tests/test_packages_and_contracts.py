@@ -65,6 +65,18 @@ def test_the_measuring_package_serves_a_plain_lightning_script(tmp_path):
     run = tmp_path / "runs" / "lightning_logs" / "version_0"
     for name in ("idle.json", "syncs.json", "prefetch.json", "metrics.csv"):
         assert (run / name).is_file(), name
+    # The reports print in a script that never configured logging...
+    for line in ("sync points:", "idle time:", "prefetch:", "fit done in"):
+        assert result.stderr.count(line) == 1, (line, result.stderr[-2000:])
+    # ...and once, not twice, in one that did.
+    configured = "import logging; logging.basicConfig(level=logging.INFO)\n"
+    script.write_text(configured + script.read_text())
+    again = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert again.returncode == 0, again.stderr[-3000:]
+    for line in ("sync points:", "idle time:", "prefetch:", "fit done in"):
+        assert again.stderr.count(line) == 1, (line, again.stderr[-2000:])
 
 
 def test_a_foreign_module_and_datamodule_train_by_class_path_with_every_callback(in_tmp, capsys):

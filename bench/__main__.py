@@ -102,8 +102,8 @@ def summary(results: dict, device: str) -> list[str]:
         rows.append(
             (
                 "  syncs per steady step",
-                f"{s['template']['steady_syncs_per_step']:.2f} / plain "
-                f"{s['plain']['steady_syncs_per_step']:.2f}",
+                f"{s['template']['steady_syncs_per_batch']:.2f} / plain "
+                f"{s['plain']['steady_syncs_per_batch']:.2f}",
                 "template 0",
             )
         )

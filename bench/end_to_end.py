@@ -192,8 +192,8 @@ def table(results: dict) -> str:
             s = r["syncs"][arm]
             lines.append(
                 f"{name:<10}{arm:<10}{r['images_per_s'][arm]:>10.0f}"
-                f"{_fmt(r['idle_pct'][arm]):>8}{s['syncs_per_step']:>11.2f}"
-                f"{s['steady_syncs_per_step']:>8.2f}"
+                f"{_fmt(r['idle_pct'][arm]):>8}{s['syncs_per_batch']:>11.2f}"
+                f"{s['steady_syncs_per_batch']:>8.2f}"
             )
         each = ", ".join(f"{x:.2f}" for x in r["speed_ratio_each"])
         lines.append(

@@ -152,7 +152,7 @@ def measure_cost(device: str, steps: int, repeats: int) -> dict:
                 medians[mode].append(statistics.median(clock.step_ms()))
             if mode == "sampled":
                 estimates.append(detector.report)
-                watched = detector.report["watched_steps"] - 1  # step 0 is not timed
+                watched = detector.report["watched_batches"] - 1  # step 0 is not timed
             if mode == "every":
                 extra_ms = medians["every"][-1] - medians["off"][-1]
                 from_medians.append(watched * extra_ms / (medians["off"][-1] * (steps - 1)))
@@ -174,7 +174,7 @@ def measure_cost(device: str, steps: int, repeats: int) -> dict:
         "amortised_cost_from_medians": statistics.median(from_medians),
         "amortised_from_medians_each": from_medians,
         "detector_estimates": [
-            {k: e[k] for k in ("watched_step_overhead", "amortised_overhead", "interval")}
+            {k: e[k] for k in ("watched_batch_overhead", "amortised_overhead", "interval")}
             for e in estimates
         ],
     }
@@ -201,8 +201,8 @@ def sync_figures(detector: SyncPointDetector) -> dict:
     rows = detector.table.rows()
     summary = detector.report
     return {
-        "syncs_per_step": summary["syncs_per_step"],
-        "steady_syncs_per_step": summary["steady_syncs_per_step"],
+        "syncs_per_batch": summary["syncs_per_batch"],
+        "steady_syncs_per_batch": summary["steady_syncs_per_batch"],
         "sites": [
             f"{r['op']} at {Path(r['filename']).name}:{r['lineno']}"
             + (f" via {r['via']}" if r["via"] else "")
@@ -238,7 +238,7 @@ def table(results: dict) -> str:
     lines.append(f"  {'':<8} {'all':>6} {'steady':>7}")
     for name in ("before", "after"):
         r = results["syncs"][name]
-        lines.append(f"  {name:<8} {r['syncs_per_step']:6.2f} {r['steady_syncs_per_step']:7.2f}")
+        lines.append(f"  {name:<8} {r['syncs_per_batch']:6.2f} {r['steady_syncs_per_batch']:7.2f}")
     return "\n".join(lines)
 
 

@@ -47,7 +47,7 @@ def test_quick_suite_runs_on_the_cpu_and_ends_with_its_table(tmp_path):
     assert results["prefetch"] == results["idle_accuracy"] == "not run (no GPU)"
     e2e = results["end_to_end"]["synthetic"]
     # The template's step reads nothing back between logging steps; the plain one does.
-    assert e2e["syncs"]["template"]["steady_syncs_per_step"] == 0
-    assert e2e["syncs"]["plain"]["steady_syncs_per_step"] >= 1
+    assert e2e["syncs"]["template"]["steady_syncs_per_batch"] == 0
+    assert e2e["syncs"]["plain"]["steady_syncs_per_batch"] >= 1
     assert results["startup"]["single"]["to_first_step_s"] > 0
     assert results["machine"]["command"].startswith("python -m bench")

@@ -59,7 +59,7 @@ def test_two_rank_cpu_ddp_trains_disjoint_shards_and_logs_once(tmp_path):
     # and .item() are gone; what is left is this test's probe.
     assert output.count("sync points:") == 1
     saved = json.loads((tmp_path / "runs" / "debug" / "version_0" / "syncs.json").read_text())
-    assert saved["summary"]["watched_steps"] >= 1
+    assert saved["summary"]["watched_batches"] >= 1
     steady = [s for s in saved["sites"] if s["steady_count"] and "ddp_probe" not in s["filename"]]
     assert steady == [], steady
     assert not [s for s in saved["sites"] if "sigterm" in (s["via"] or "") and s["steady_count"]]

@@ -168,7 +168,7 @@ def test_a_template_style_module_with_dict_batches_and_validation(tmp_path, capl
     assert "Tensor.item()" in ops and any(op.startswith("bincount") for op in ops), ops
     assert not any("adam" in (s.via or "") for s in steady_sites(detector))
     assert prefetcher.report["batches"] == 8 and prefetcher.report["unmoved_batches"] == 0
-    assert json.loads((run / "syncs.json").read_text())["summary"]["steady_syncs_per_step"] > 0
+    assert json.loads((run / "syncs.json").read_text())["summary"]["steady_syncs_per_batch"] > 0
 
 
 class Pair:

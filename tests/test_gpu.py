@@ -287,7 +287,7 @@ def test_idle_monitor_on_cuda_times_with_events_and_traces_device_work(in_tmp):
     assert report["clock"] == "cuda events"
     mean = report["mean"]
     assert mean["device_ms"] > 0 and mean["sync_stall_ms"] is not None
-    assert mean["cuda_syncs_per_step"] is not None
+    assert mean["cuda_syncs_per_batch"] is not None
     trace = report["traces"][0]
     assert trace["device_events"] > 0 and trace["busy_ms"] > 0
     assert trace["span_ms"] == pytest.approx(trace["busy_ms"] + trace["idle_ms"])

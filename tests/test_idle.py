@@ -217,7 +217,7 @@ def test_host_clock_timer_measures_data_wait_idle_and_step_time():
         stats.add_step(t)
     means = stats.means(cuda=False)
     assert stats.steps == 5 and stats.timed_steps == 4
-    assert means["idle_sync_stall_ms"] is None and means["cuda_syncs_per_step"] is None
+    assert means["idle_sync_stall_ms"] is None and means["cuda_syncs_per_batch"] is None
     assert 50 < means["idle_pct"] < 80  # 20 ms of data per 10 ms of compute
 
 
@@ -435,7 +435,7 @@ def test_idle_monitor_logs_reports_and_captures_a_profiler_window(tmp_path, monk
     assert sum(mean[f"idle_{c}_ms"] or 0 for c in CAUSES) == pytest.approx(mean["idle_ms"])
     # The prefetcher and the sync detector write their own files, through the same writer.
     assert json.loads((run / "prefetch.json").read_text())["batches"] == 24
-    assert json.loads((run / "syncs.json").read_text())["summary"]["watched_steps"] >= 1
+    assert json.loads((run / "syncs.json").read_text())["summary"]["watched_batches"] >= 1
     # Profiler windows at steps 8 and 16 (plus a warm-up step each): saved and analysed.
     traces = sorted((run / "traces").glob("rank0-step*.pt.trace.json"))
     assert [t["first_step"] for t in report["traces"]] == [9, 17]

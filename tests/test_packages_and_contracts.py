@@ -132,7 +132,7 @@ def test_every_documented_metric_is_logged_and_every_logged_one_documented(in_tm
         header = next(csv.reader(f))
     logged = {k for k in header if k.split("/")[0] in ("idle", "prefetch", "syncs")}
     assert {k for k in logged if k.startswith("syncs/")} == {
-        "syncs/count", "syncs/per_step", "syncs/per_steady_step"
+        "syncs/count", "syncs/per_batch", "syncs/per_steady_batch"
     }  # fmt: skip
     # Every figure the mechanisms produce, GPU-only ones included (None, unlogged, on a CPU).
     declared = {f"idle/{k}" for k in IdleStats().means(cuda=True)}

@@ -68,7 +68,7 @@ def test_reports_the_users_line_with_a_fix_once(tmp_path, caplog):
     assert len(report) == 1 and "24 of 24 training batches watched" in report[0]
     assert any("self.last_loss = loss.item()" in r.getMessage() for r in caplog.records)
     saved = json.loads((tmp_path / "lightning_logs" / "version_0" / "syncs.json").read_text())
-    assert saved["summary"]["watched_steps"] == 24
+    assert saved["summary"]["watched_batches"] == 24
     codes = [s["code"] for s in saved["sites"]]
     assert "self.last_loss = loss.item()  # the user's sync" in codes
     with (tmp_path / "lightning_logs" / "version_0" / "metrics.csv").open() as f:
@@ -87,10 +87,10 @@ def test_default_sampling_stays_within_budget_and_watches_the_first_steps(tmp_pa
     detector = SyncPointDetector(first_steps=3)
     _fit(tmp_path, ImageClassifier(width=4), [detector], limit_train_batches=16, max_epochs=2)
     report = detector.report
-    assert report["steps"] == 32
-    assert 3 <= report["watched_steps"] < 32
+    assert report["batches"] == 32
+    assert 3 <= report["watched_batches"] < 32
     assert report["interval"] is not None and report["interval"] >= 2
-    assert report["watched_step_overhead"] is not None
+    assert report["watched_batch_overhead"] is not None
 
 
 def test_a_short_fit_watches_one_batch_and_says_so_up_front(tmp_path, caplog):
@@ -98,7 +98,7 @@ def test_a_short_fit_watches_one_batch_and_says_so_up_front(tmp_path, caplog):
     with caplog.at_level(logging.INFO):
         _fit(tmp_path, ImageClassifier(width=4), [detector], limit_train_batches=16)
     assert "a fit of 16 batches is too short to keep even one watched batch" in caplog.text
-    assert detector.report["watched_steps"] == 1
+    assert detector.report["watched_batches"] == 1
 
 
 def test_the_default_config_step_is_sync_free_in_steady_state(tmp_path, monkeypatch):
@@ -126,11 +126,11 @@ def test_the_default_config_step_is_sync_free_in_steady_state(tmp_path, monkeypa
     )  # fmt: skip
     assert code == 0
     saved = json.loads((tmp_path / "runs" / "debug" / "version_0" / "syncs.json").read_text())
-    assert saved["summary"]["watched_steps"] == 24
+    assert saved["summary"]["watched_batches"] == 24
     # The template's step is sync-free in steady state, in the CPU simulation too: the batch
     # transfer is a move to the device, not a read.
     assert not [s for s in saved["sites"] if s["steady_count"]], saved["sites"]
-    assert saved["summary"]["steady_syncs_per_step"] == 0
+    assert saved["summary"]["steady_syncs_per_batch"] == 0
     # Logging steps do read back (the model's metrics, Lightning's logger conversion).
     assert [s for s in saved["sites"] if not s["steady_count"]]
     # This package's own reads at logging steps (the NaN check) are listed as allowed, with
@@ -187,7 +187,7 @@ def test_a_second_fit_reports_its_own_sites_only(tmp_path):
     for run in ("first", "second"):
         _fit(tmp_path / run, ItemInStep(width=4), [detector])
         (site,) = [s for s in detector.table.sites.values() if "self.last_loss" in s.code]
-        assert site.count == 12 and detector.report["watched_steps"] == 12
+        assert site.count == 12 and detector.report["watched_batches"] == 12
 
 
 class LogsEveryStep(pl.LightningModule):
@@ -229,10 +229,10 @@ def test_strict_passes_a_sync_free_module_that_logs_every_step(tmp_path):
         logger=pl.loggers.CSVLogger(tmp_path),
     )  # fmt: skip
     trainer.fit(LogsEveryStep())
-    assert detector.report["watched_steps"] == 12
+    assert detector.report["watched_batches"] == 12
     # Neither Lightning's batch transfer nor self.log's state moves are reads; only the
     # logging steps read back (Lightning writing the metrics), and strict allows those.
-    assert detector.report["steady_syncs_per_step"] == 0
+    assert detector.report["steady_syncs_per_batch"] == 0
     assert all(not s.steady_count for s in detector.table.sites.values())
 
 

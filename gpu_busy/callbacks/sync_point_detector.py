@@ -247,8 +247,8 @@ class SyncPointDetector(pl.Callback):
             log_metrics(
                 trainer,
                 {
-                    "syncs/per_step": sum(per_step) / n,
-                    "syncs/per_steady_step": sum(steady) / len(steady) if steady else None,
+                    "syncs/per_batch": sum(per_step) / n,
+                    "syncs/per_steady_batch": sum(steady) / len(steady) if steady else None,
                 },
             )
 
@@ -268,9 +268,9 @@ class SyncPointDetector(pl.Callback):
         optimizer = trainer.global_step - self._first_global_step
         steps = f" ({optimizer} optimizer steps)" if optimizer != self._step else ""
         headline = (
-            f"sync points: {self.report['watched_steps']} of {self._step} training batches "
-            f"watched{steps}; {_number(self.report['syncs_per_step'])} syncs/batch, "
-            f"{_number(self.report['steady_syncs_per_step'])} in steady state (not logging "
+            f"sync points: {self.report['watched_batches']} of {self._step} training batches "
+            f"watched{steps}; {_number(self.report['syncs_per_batch'])} syncs/batch, "
+            f"{_number(self.report['steady_syncs_per_batch'])} in steady state (not logging "
             f"steps); {_cost(self.report)}"
         )
         report = {"summary": self.report, "sites": merged.rows()}
@@ -285,12 +285,12 @@ class SyncPointDetector(pl.Callback):
             extra_s = totals.watched / trainer.world_size * ratio * plain_s
             amortised = extra_s / max(1e-9, time.perf_counter() - self._fit_start)
         return {
-            "watched_steps": int(totals.watched / trainer.world_size),
-            "steady_watched_steps": int(totals.steady_watched / trainer.world_size),
-            "steps": self._step,
-            "syncs_per_step": _ratio(totals.syncs, totals.watched),
-            "steady_syncs_per_step": _ratio(totals.steady_syncs, totals.steady_watched),
-            "watched_step_overhead": ratio,
+            "watched_batches": int(totals.watched / trainer.world_size),
+            "steady_watched_batches": int(totals.steady_watched / trainer.world_size),
+            "batches": self._step,
+            "syncs_per_batch": _ratio(totals.syncs, totals.watched),
+            "steady_syncs_per_batch": _ratio(totals.steady_syncs, totals.steady_watched),
+            "watched_batch_overhead": ratio,
             "amortised_overhead": amortised,
             "interval": self.schedule.interval,
             "budget": self.schedule.budget,
@@ -335,7 +335,7 @@ def _number(x: float | None) -> str:
 
 
 def _cost(report: dict) -> str:
-    w, a = report.get("watched_step_overhead"), report.get("amortised_overhead")
+    w, a = report.get("watched_batch_overhead"), report.get("amortised_overhead")
     if w is None:
         return "overhead not measured (too few batches to compare)"
     amort = "n/a" if a is None else f"{100 * a:.2f}%"

@@ -75,7 +75,7 @@ def render_table(report: dict[str, Any]) -> list[str]:
     row("step on the device", "device_ms")
     row("host: step", "host_step_ms")
     row("host: wait for the DataLoader", "loader_wait_ms")
-    row("syncs started (CUDA sync debug)", "cuda_syncs_per_step", "")
+    row("syncs started (CUDA sync debug)", "cuda_syncs_per_batch", "")
     for t in report.get("traces", []):
         if not t.get("device_events"):
             lines.append(f"trace {t.get('path', '')}: no device activity (a CPU run): n/a")

@@ -75,7 +75,7 @@ class IdleStats(WindowSums):
             out[name] = getattr(self, name) / m if m else None
             if name in GPU_ONLY and not cuda:
                 out[name] = None
-        out["cuda_syncs_per_step"] = self.syncs / n if n and cuda else None
+        out["cuda_syncs_per_batch"] = self.syncs / n if n and cuda else None
         return out
 
 

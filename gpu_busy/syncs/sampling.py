@@ -48,7 +48,7 @@ class WatchSchedule:
         self.max_interval = max_interval
         self.interval: int | None = None  # steady-state spacing; None: not measured yet
         self.extra: float | None = None  # cost of a watched step, in plain steps
-        self.watched_steps = 0
+        self.watched_batches = 0
         self.watched: deque[float] = deque(maxlen=window)
         self.plain: deque[float] = deque(maxlen=window)
         self._last_watched = -1
@@ -75,11 +75,11 @@ class WatchSchedule:
             watch = self.interval is not None and step - self._last_watched >= self.interval
         else:
             # At least 2 apart, so that plain steps keep coming to measure against.
-            affordable = (self.watched_steps + 1) * self.extra <= self.budget * (step + 1)
+            affordable = (self.watched_batches + 1) * self.extra <= self.budget * (step + 1)
             watch = affordable and step - self._last_watched >= 2
         if watch:
             self._last_watched = step
-            self.watched_steps += 1
+            self.watched_batches += 1
         return watch
 
     def observe(self, watched: bool, seconds: float) -> None:

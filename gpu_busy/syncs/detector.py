@@ -252,7 +252,7 @@ class SyncDetector:
             if device is None:
                 return out
             on_host = means_host(self, device, like)
-        elif func in FACTORIES and not _in_data_loader():
+        elif func in FACTORIES and not _excused_in_simulation():
             device = kwargs.get("device")
             on_host = device is None or means_host(self, device)
         else:
@@ -463,15 +463,6 @@ def _excused_in_simulation() -> bool:
         if code.co_filename.startswith(_DATA_DIR) or (
             code.co_name == "batch_to" and code.co_filename.endswith(_LIGHTNING_TRANSFER)
         ):
-            return True
-        frame = frame.f_back
-    return False
-
-
-def _in_data_loader() -> bool:
-    frame = sys._getframe(2)
-    while frame is not None:
-        if frame.f_code.co_filename.startswith(_DATA_DIR):
             return True
         frame = frame.f_back
     return False

@@ -249,10 +249,14 @@ class StreamCopier:
             self._events.release(start, end, reached)
 
     def close(self) -> None:
+        """Stop the pinning thread and give the timing events of copies not yet read back
+        to the pool (a later fit would otherwise find it drained and time nothing)."""
         if self._pin_pool is not None:
             self._pin_pool.shutdown(wait=True)
             self._pin_pool = None
-        self._pending.clear()
+        while self._pending:
+            start, end, reached, _ = self._pending.popleft()
+            self._events.release(start, end, reached)
 
     # -- internals ---------------------------------------------------------------
 

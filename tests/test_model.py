@@ -20,3 +20,12 @@ def test_bad_hyperparameters_are_user_errors():
         ImageClassifier(num_classes=1)
     with pytest.raises(UserError, match="width must be positive"):
         ImageClassifier(width=0)
+
+
+def test_validation_adds_no_host_to_device_copy():
+    from gpu_busy.syncs import assert_no_syncs
+
+    model = ImageClassifier(num_classes=3, width=4)
+    images, labels = torch.randn(4, 3, 32, 32), torch.tensor([0, 1, 2, 0])
+    assert_no_syncs(model.validation_step, (images, labels), 0)
+    assert model.val_loss.compute().isfinite()

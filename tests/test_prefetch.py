@@ -144,3 +144,19 @@ def test_event_pool_is_bounded(monkeypatch):
     assert pool.acquire() is a
     with pytest.raises(ValueError):
         EventPool(capacity=0)
+
+
+def test_close_gives_the_events_of_unread_copies_back_to_the_pool():
+    class Pool:
+        def __init__(self):
+            self.released = []
+
+        def release(self, *events):
+            self.released.extend(events)
+
+    copier = StreamCopier("cpu")
+    copier._events = Pool()
+    copier._pending.extend([("start", "end", "reached", None), ("s2", "e2", "r2", None)])
+    copier.close()
+    assert copier._events.released == ["start", "end", "reached", "s2", "e2", "r2"]
+    assert not copier._pending

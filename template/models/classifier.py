@@ -115,7 +115,9 @@ class ImageClassifier(pl.LightningModule):
     def validation_step(self, batch, batch_idx: int) -> None:
         images, labels = batch
         logits = self(images)
-        self.val_loss.update(F.cross_entropy(logits, labels), weight=labels.numel())
+        # Per-sample losses: the mean is over images, with no weight to copy to the device
+        # (a Python weight would be a blocking host-to-device copy per batch).
+        self.val_loss.update(F.cross_entropy(logits, labels, reduction="none"))
         self.val_acc.update(logits, labels)
 
     # `python -m template.train test|predict --ckpt_path ...` of a trained checkpoint.

@@ -36,8 +36,8 @@ def default_callbacks() -> list[pl.Callback]:
     out = []
     for spec in yaml.safe_load(Path(DEFAULT).read_text())["trainer"]["callbacks"]:
         module, name = spec["class_path"].rsplit(".", 1)
-        if not module.startswith("gpu_busy"):
-            continue
+        if not module.startswith("gpu_busy") or name == "BestCheckpoint":
+            continue  # these fits write no checkpoints
         args = dict(spec.get("init_args") or {})
         if name == "SyncPointDetector":
             args["first_steps"] = 1000

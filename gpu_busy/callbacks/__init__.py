@@ -2,6 +2,7 @@
 (``prefetch``, ``syncs``, ``idle``, ``faults``, ``resume``); ``ranks`` gathers their
 figures over ranks and writes them once."""
 
+from gpu_busy.callbacks.best_checkpoint import BestCheckpoint
 from gpu_busy.callbacks.checkpoint_rng_state import CheckpointRngState
 from gpu_busy.callbacks.idle_time_monitor import IdleTimeMonitor
 from gpu_busy.callbacks.nonfinite_loss import StopOnNonFiniteLoss
@@ -13,6 +14,7 @@ from gpu_busy.callbacks.stream_prefetcher import StreamPrefetcher
 from gpu_busy.callbacks.sync_point_detector import SyncPointDetector
 
 __all__ = [
+    "BestCheckpoint",
     "CheckpointRngState",
     "IdleTimeMonitor",
     "LoggingStepProgressBar",

@@ -1,0 +1,51 @@
+"""BestCheckpoint: keep the best checkpoint by a logged metric, when the model logs it.
+
+Lightning's ``ModelCheckpoint(monitor=...)`` stops the fit with an exception when the
+monitored metric was never logged after validation ran: swapping in a model that logs
+under another name then costs the run. This one says so once and keeps no "best"; other
+checkpoint callbacks (``last.ckpt``) go on as usual.
+
+Example::
+
+    trainer = Trainer(callbacks=[BestCheckpoint(monitor="val/acc", mode="max")])
+"""
+
+from __future__ import annotations
+
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from gpu_busy.log import get_logger
+
+log = get_logger(__name__)
+
+
+class BestCheckpoint(ModelCheckpoint):
+    """``ModelCheckpoint`` that skips its saves while ``monitor`` has not been logged."""
+
+    _warned = False
+
+    def _logged(self, trainer: pl.Trainer) -> bool:
+        if self.monitor is None or self.monitor in trainer.callback_metrics:
+            return True
+        if not self._warned:
+            self._warned = True
+            log.warning(
+                "no best checkpoint: the model never logged %r (the monitor of the best "
+                "checkpoint in the config); log it with self.log or change the monitor. "
+                "Other checkpoints (last.ckpt) are written as usual",
+                self.monitor,
+            )
+        return False
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if self._logged(trainer):
+            super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        if self._logged(trainer):
+            super().on_train_epoch_end(trainer, pl_module)
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if trainer.sanity_checking or self._logged(trainer):
+            super().on_validation_end(trainer, pl_module)

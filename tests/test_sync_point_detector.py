@@ -6,6 +6,7 @@ import csv
 import json
 import logging
 import types
+from pathlib import Path
 
 import lightning.pytorch as pl
 import pytest
@@ -254,3 +255,13 @@ def test_lightnings_own_reads_are_named_at_lightnings_line_not_where_fit_was_cal
     assert site.location.startswith("lightning/fabric/utilities/apply_func.py")
     assert site.steady_count == 0 and "log_every_n_steps" in site.hint
     assert not [s for s in detector.table.sites.values() if s.filename == __file__]
+
+
+def test_under_github_actions_the_users_sync_lines_are_annotated(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("GITHUB_ACTIONS", "true")
+    monkeypatch.chdir(Path(__file__).parents[1])
+    _fit(tmp_path, ItemInStep(width=4), [SyncPointDetector(first_steps=100)])
+    out = [line for line in capsys.readouterr().out.splitlines() if line.startswith("::")]
+    # The user's own line only: not Lightning's reads, not this package's allowed ones.
+    assert len(out) == 1 and out[0].startswith("::warning file=tests/test_sync_point_detector.py")
+    assert "Tensor.item()" in out[0]

@@ -6,6 +6,8 @@ line; clean cases must report nothing.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -532,3 +534,23 @@ def test_the_first_watched_steps_fit_the_budget_of_a_fit_of_known_length():
     assert s.plan_fit(60) and s.first == 1
     assert not s.plan_fit(20) and s.first == 1  # even one is over 1%: watched, and said
     assert s.plan_fit(None) and s.plan_fit(float("inf")) and s.first == 3
+
+
+def test_under_github_actions_user_syncs_become_annotations_on_the_diff(monkeypatch, capsys):
+    from gpu_busy.syncs import allow_syncs
+    from gpu_busy.syncs.sites import github_annotations
+
+    monkeypatch.chdir(Path(__file__).parents[1])
+    with detect_syncs(device_type="cpu") as rec:
+        _item()
+        with allow_syncs("deliberate"):
+            _nonzero()
+    table = SyncSiteTable()
+    table.add_all(rec.events, step=0, logging=False)
+    (line,) = github_annotations(list(table.sites.values()))
+    assert line.startswith(f"::warning file=tests/test_syncs.py,line={rec.events[0].lineno}::")
+    assert "1x Tensor.item()" in line and "self.log" in line
+    monkeypatch.setenv("GITHUB_ACTIONS", "true")
+    with pytest.raises(AssertionError):
+        assert_no_syncs(_item)
+    assert capsys.readouterr().out.startswith("\n::warning file=tests/test_syncs.py,line=")

@@ -27,6 +27,10 @@ from gpu_busy.window_sums import mean_and_max
 
 log = get_logger(__name__)
 
+# The version of the layout of idle.json, syncs.json and prefetch.json: raised when a key
+# changes meaning or goes, so a CI threshold script can tell.
+SCHEMA_VERSION = 2
+
 
 def gather_rows(trainer: pl.Trainer, row: list[float]) -> list[list[float]]:
     """Every rank's ``row`` (all of one length), in rank order, on every rank."""
@@ -95,5 +99,5 @@ def publish(
         return None
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{name}.json"
-    path.write_text(json.dumps(report, indent=1))
+    path.write_text(json.dumps({"schema_version": SCHEMA_VERSION, **report}, indent=1))
     return path

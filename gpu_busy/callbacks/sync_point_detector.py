@@ -31,7 +31,7 @@ from gpu_busy.callbacks.ranks import gather_objects, gather_rows, log_metrics, p
 from gpu_busy.log import get_logger
 from gpu_busy.syncs.detector import SyncDetector
 from gpu_busy.syncs.sampling import WatchSchedule
-from gpu_busy.syncs.sites import SyncSiteTable
+from gpu_busy.syncs.sites import SyncSiteTable, github_annotations, in_github_actions
 from gpu_busy.window_sums import WindowSums
 
 log = get_logger(__name__)
@@ -275,6 +275,11 @@ class SyncPointDetector(pl.Callback):
         )
         report = {"summary": self.report, "sites": merged.rows()}
         publish(trainer, "syncs", report, [headline, *merged.render()], folder)
+        annotations = github_annotations(list(merged.sites.values()))
+        if trainer.is_global_zero and in_github_actions() and annotations:
+            # On the pull request's diff. A workflow command must start its own line (a
+            # progress bar may have left the cursor mid-line).
+            print("", *annotations, sep="\n", flush=True)
 
     def _summary(self, trainer, totals: WatchedSums) -> dict:
         watched_s, plain_s = self._costs

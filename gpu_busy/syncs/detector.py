@@ -376,6 +376,10 @@ def assert_no_syncs(fn: Callable[..., T], *args: Any, device_type: str = "cpu", 
     with detect_syncs(device_type=device_type) as rec:
         result = fn(*args, **kwargs)
     if unallowed := not_allowed(rec.events):
+        from gpu_busy.syncs.sites import github_annotations, in_github_actions
+
+        if in_github_actions():  # on the pull request's diff, each on its own line
+            print("", *github_annotations(unallowed), sep="\n", flush=True)
         name = getattr(fn, "__qualname__", repr(fn))
         raise AssertionError(f"{name} made {describe(unallowed)}")
     return result

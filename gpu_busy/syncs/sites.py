@@ -14,9 +14,10 @@ travel through ``all_gather_object``.
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass, field
 
-from gpu_busy.syncs.detector import SyncEvent
+from gpu_busy.syncs.detector import SyncEvent, _is_library
 
 
 def fix_hint(event: SyncEvent, chain_hints: tuple[tuple[str, str], ...] = ()) -> str:
@@ -113,3 +114,21 @@ class SyncSiteTable:
         if len(ordered) > limit:
             lines.append(f"  ... and {len(ordered) - limit} more site(s)")
         return lines
+
+
+def github_annotations(items: list[SyncSite] | list[SyncEvent]) -> list[str]:
+    """GitHub Actions ``::warning`` lines for sync sites or events in the user's own files
+    (not libraries, not allowed ones), so that they show on the pull request's diff."""
+    lines = []
+    for item in items:
+        if item.allowed or item.filename.startswith("<") or _is_library(item.filename):
+            continue
+        count = f"{item.count}x " if isinstance(item, SyncSite) else ""
+        path = item.location.rsplit(":", 1)[0]  # relative to the working directory
+        message = f"host-device sync: {count}{item.op}. {item.hint}".rstrip(". ")
+        lines.append(f"::warning file={path},line={item.lineno}::{message}")
+    return lines
+
+
+def in_github_actions() -> bool:
+    return os.environ.get("GITHUB_ACTIONS") == "true"

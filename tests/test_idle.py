@@ -407,6 +407,9 @@ def test_report_gives_each_figures_rank_max_and_reads_na_for_gpu_figures_on_a_ho
     rows = {0: [[float(i), 0.5, 0.1, 9.0, 1.0, 0.0, 0.0, 0.5] for i in range(20)]}
     path = save_picture(rows, tmp_path / "idle.png")
     assert path is not None and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # One timed batch and a host clock's causes only: still a picture of bars, not empty.
+    one = save_picture({0: rows[0][:1]}, tmp_path / "one.png", causes=("data_wait", "other"))
+    assert one is not None and one.stat().st_size > 10_000
 
 
 # -- the callback, in a real fit on the CPU ------------------------------------------------

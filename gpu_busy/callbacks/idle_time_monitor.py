@@ -31,6 +31,7 @@ from gpu_busy.callbacks.ranks import (
     run_dir,
 )
 from gpu_busy.idle import (
+    CAUSES,
     IdleStats,
     ProfilerUnavailable,
     ProfilerWindows,
@@ -43,6 +44,7 @@ from gpu_busy.idle import (
     save_picture,
 )
 from gpu_busy.idle.profiler_windows import torch_profiler
+from gpu_busy.idle.stats import GPU_ONLY
 from gpu_busy.log import get_logger
 
 log = get_logger(__name__)
@@ -203,10 +205,12 @@ class IdleTimeMonitor(pl.Callback):
         picture = None
         if self.picture and self._run_dir is not None:
             self._run_dir.mkdir(parents=True, exist_ok=True)
+            cuda = self.timer.is_cuda
             picture = save_picture(
                 dict(enumerate(series)),
                 self._run_dir / "idle.png",
-                title=f"per-step time, mean over {trainer.world_size} rank(s) ({self.timer.clock})",
+                title=f"per batch, mean over {trainer.world_size} rank(s) ({self.timer.clock})",
+                causes=tuple(c for c in CAUSES if cuda or f"idle_{c}_ms" not in GPU_ONLY),
             )
         report["picture"] = str(picture) if picture else None
         self.report = report

@@ -92,14 +92,23 @@ def render_table(report: dict[str, Any]) -> list[str]:
 
 
 def save_picture(
-    series: dict[int, list[list[float]]], path: str | Path, title: str = ""
+    series: dict[int, list[list[float]]],
+    path: str | Path,
+    title: str = "",
+    causes: tuple[str, ...] = CAUSES,
 ) -> Path | None:
-    """Draw the per-step breakdown, averaged over ranks by step; None without matplotlib."""
+    """Draw the per-batch breakdown, averaged over ranks by batch; None without matplotlib.
+
+    Three panels on one x axis, each on its own scale (idle is often a hundredth of the
+    device time): the device's time (step and transfer), the idle time by cause (only
+    ``causes``: leave out those the clock cannot tell), and the host's DataLoader wait.
+    """
     try:
         import matplotlib
 
         matplotlib.use("Agg", force=False)
         import matplotlib.pyplot as plt
+        from matplotlib.ticker import MaxNLocator
     except ImportError:
         return None
     rows = _mean_by_step(series)
@@ -107,30 +116,31 @@ def save_picture(
         return None
     col = {name: i for i, name in enumerate(StepSeries.COLUMNS)}
     steps = [r[col["step"]] for r in rows]
-    layers = [
-        ("step on the device", "device_ms", "#4c72b0"),
-        ("batch transfer", "transfer_ms", "#8172b3"),
-        *[
-            (f"idle: {_CAUSE_LABELS[c]}", f"idle_{c}_ms", colour)
-            for c, colour in zip(CAUSES, ("#dd8452", "#c44e52", "#937860", "#8c8c8c"), strict=True)
-        ],
-    ]
-    fig, (top, bottom) = plt.subplots(
-        2, 1, figsize=(10, 6), sharex=True, gridspec_kw={"height_ratios": [3, 1]}
+    colours = dict(zip(CAUSES, ("#dd8452", "#c44e52", "#937860", "#8c8c8c"), strict=True))
+    device = [("step", "device_ms", "#4c72b0"), ("transfer", "transfer_ms", "#8172b3")]
+    panels = [
+        ("device time (ms)", device),
+        ("idle before it (ms)", [(_CAUSE_LABELS[c], f"idle_{c}_ms", colours[c]) for c in causes]),
+        ("host DataLoader\nwait (ms)", [("wait", "loader_wait_ms", "#55a868")]),
+    ]  # fmt: skip
+    fig, axes = plt.subplots(
+        3, 1, figsize=(10, 7), sharex=True, gridspec_kw={"height_ratios": [2, 2, 1]}
     )
-    top.stackplot(
-        steps,
-        *[[r[col[key]] for r in rows] for _, key, _ in layers],
-        labels=[label for label, _, _ in layers],
-        colors=[colour for _, _, colour in layers],
-        step="mid" if len(steps) < 50 else None,
-    )
-    top.set_ylabel("device time per batch (ms)")
-    top.legend(loc="upper right", fontsize=8, ncol=2)
-    top.set_title(title or "where each training step's time went")
-    bottom.plot(steps, [r[col["loader_wait_ms"]] for r in rows], color="#dd8452", lw=1)
-    bottom.set_ylabel("host data\nwait (ms)")
-    bottom.set_xlabel("training batch")
+    for ax, (ylabel, layers) in zip(axes, panels, strict=True):
+        values = [[r[col[key]] for r in rows] for _, key, _ in layers]
+        labels, colors = [label for label, _, _ in layers], [c for _, _, c in layers]
+        if len(steps) < 50:  # bars: every batch seen, a single one too
+            bottom = [0.0] * len(steps)
+            for v, label, colour in zip(values, labels, colors, strict=True):
+                ax.bar(steps, v, bottom=bottom, label=label, color=colour, width=0.8)
+                bottom = [b + x for b, x in zip(bottom, v, strict=True)]
+        else:
+            ax.stackplot(steps, *values, labels=labels, colors=colors)
+        ax.set_ylabel(ylabel)
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+    axes[0].set_title(title or "where each training batch's time went")
+    axes[-1].set_xlabel("training batch")
+    axes[-1].xaxis.set_major_locator(MaxNLocator(integer=True))
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path, dpi=110)

@@ -4,6 +4,7 @@
 # make train CONFIG=configs/cifar10.yaml ARGS="--trainer.max_epochs=1"
 # make train RUNS=/scratch/me/runs       runs (logs, checkpoints, reports) there, not in runs/
 # make test                      the CPU test suite (GPU tests too where CUDA is present)
+# make test-quick                the same without the subprocess/DDP/learning tests (~1 min)
 # make bench [QUICK=1]           the benchmark suite; results in runs/bench/bench.json
 
 PYTHON ?= python3
@@ -28,7 +29,7 @@ RUNS ?=
 QUICK ?=
 BENCH_OUT ?= runs/bench
 
-.PHONY: install train test bench lint format clean
+.PHONY: install train test test-quick bench lint format clean
 
 install: $(STAMP)
 
@@ -60,6 +61,9 @@ train: install
 
 test: install
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-quick: install
+	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
 
 bench: install
 	$(PY) -m bench $(if $(QUICK),--quick) --out $(BENCH_OUT)

@@ -40,6 +40,20 @@ def pytest_configure(config):
         config.pluginmanager.import_plugin("pytest_gpu_busy")
 
 
+def pytest_report_header(config):
+    """The stack the tests run on, once at the top of the run."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    names = ("torch", "lightning", "torchmetrics", "torchvision", "jsonargparse")
+    found = []
+    for name in names:
+        try:
+            found.append(f"{name} {version(name)}")
+        except PackageNotFoundError:
+            found.append(f"{name} (not installed)")
+    return "stack: " + ", ".join(found)
+
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return

@@ -222,7 +222,7 @@ def main(args: list[str] | None = None) -> int:
     try:
         TemplateCLI(
             pl.LightningModule,  # any subclass: model.class_path in the config
-            pl.LightningDataModule,  # any subclass: data.class_path
+            None,  # any LightningDataModule subclass (data.class_path), or none: --data=null
             # A resumed or repeated run writes its config next to its own logs.
             subclass_mode_model=True,
             subclass_mode_data=True,

@@ -195,3 +195,12 @@ def test_the_gpu_suite_collects_without_the_cli_dependency(tmp_path):
     assert "ERROR collecting" not in out and " error" not in out.splitlines()[-1], out[-3000:]
     collected = [line for line in result.stdout.splitlines() if "test_gpu.py::" in line]
     assert len(collected) > 50, out[-2000:]  # the GPU tests, the case list among them
+
+
+def test_a_model_with_its_own_dataloaders_needs_no_datamodule(in_tmp):
+    code = main(
+        ["fit", "--config", DEFAULT, "--config", DEBUG, "--data=null",
+         "--model.class_path=lightning.pytorch.demos.boring_classes.BoringModel"]
+    )  # fmt: skip
+    assert code == 0
+    assert (in_tmp / "runs" / "debug" / "version_0" / "checkpoints" / "last.ckpt").is_file()

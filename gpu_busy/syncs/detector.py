@@ -230,9 +230,7 @@ class SyncDetector:
     def mark_host(self, *tensors: Any) -> None:
         """In the CPU simulation, count these tensors as host memory."""
         if self.simulating:
-            for t in tensors:
-                if isinstance(t, torch.Tensor):
-                    self._host[t] = True
+            self._put(list(tensors), on_host=True)
 
     def follow_inputs(self, args: tuple, kwargs: dict, out: Any) -> None:
         """What is computed from host tensors alone is on the host."""

@@ -16,24 +16,23 @@ example's), so training your own is a config edit or ``--model.class_path=my.Mod
 from __future__ import annotations
 
 import os
-import pickle
 import re
 import shutil
 import signal
 import sys
 import warnings
-import zipfile
 from pathlib import Path
 
 import lightning.pytorch as pl
 import torch
-from jsonargparse import ArgumentError
+from jsonargparse import ArgumentError, Namespace
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from gpu_busy.faults.training_stopped import TrainingStopped
 from gpu_busy.log import current_rank, get_logger, setup_logging
+from gpu_busy.resume import checkpoint_file
 from template.errors import UserError
 
 log = get_logger(__name__)
@@ -77,36 +76,12 @@ def resolve_precision(accelerator: str) -> str:
     return "32-true"
 
 
-def check_checkpoint(path: str) -> None:
-    """A checkpoint given by path must exist and be a file ``torch.save`` wrote."""
-    file = Path(path).expanduser()
-    if not file.exists():
-        raise UserError(f"checkpoint {file} does not exist; use --ckpt_path last or a .ckpt file")
-    if not file.is_file():
-        raise UserError(f"checkpoint {file} is not a file")
-    # torch.save writes a zip archive holding a data.pkl: anything else is not a checkpoint.
+def read_checkpoint(path: str | Path) -> dict:
+    """The checkpoint at ``path`` after every check, or a ``UserError`` saying what it is."""
     try:
-        with zipfile.ZipFile(file) as archive:
-            is_torch = any(name.endswith("data.pkl") for name in archive.namelist())
-    except (zipfile.BadZipFile, OSError):
-        is_torch = False
-    if not is_torch:
-        raise UserError(f"{file} is not a checkpoint written by torch.save / Lightning")
-    # Loaded as data only (weights_only): unpickling arbitrary objects could run code. mmap
-    # keeps this cheap: tensor bytes are not read.
-    try:
-        torch.load(file, map_location="cpu", weights_only=True, mmap=True)
-    except pickle.UnpicklingError as e:
-        named = re.search(r"GLOBAL ([\w.]+)", str(e))
-        found = f" ({named.group(1)})" if named else ""
-        raise UserError(
-            f"{file} holds objects other than tensors and plain data{found}; it is not "
-            "loaded, because unpickling them could run code. Resave it with plain data"
-        ) from e
-    except (RuntimeError, EOFError, OSError) as e:
-        raise UserError(
-            f"{file} is not a readable checkpoint ({' '.join(str(e).split())[:160]})"
-        ) from e
+        return checkpoint_file.read_checkpoint(path)
+    except checkpoint_file.UnusableCheckpoint as e:
+        raise UserError(f"{e}; use --ckpt_path last or another .ckpt file") from None
 
 
 MIN_FREE_BYTES = 256 * 2**20  # a few checkpoints of the example model, with room to spare
@@ -136,12 +111,89 @@ def check_writable(run_root: Path) -> None:
         )
 
 
-def find_last_checkpoint(run_root: Path) -> Path | None:
-    """The newest ``last.ckpt`` of any version under ``run_root`` (``runs/<name>``)."""
-    candidates = sorted(
-        run_root.glob("version_*/checkpoints/last*.ckpt"), key=lambda p: p.stat().st_mtime
+def checkpoint_folders(trainer: Namespace) -> tuple[Path, list[Path]]:
+    """Where this run's checkpoints go, read from its parsed config: ``(root, folders)``.
+
+    Lightning writes them to ``<save_dir>/<name>/<version>/checkpoints`` with a logger,
+    to ``<default_root_dir>/checkpoints`` without one, or to a callback's ``dirpath``.
+    """
+    base = Path(trainer.get("default_root_dir") or ".")
+    logger = trainer.get("logger")
+    if isinstance(logger, list):
+        logger = logger[0] if logger else False
+    if logger is False:
+        root = base
+    elif isinstance(logger, Namespace):
+        init = logger.get("init_args") or Namespace()
+        save_dir = Path(init.get("save_dir") or init.get("root_dir") or base)
+        root = save_dir / str(init.get("name")) if init.get("name") else save_dir
+    else:  # Lightning's default logger
+        root = base / "lightning_logs"
+    folders = [root / "checkpoints", *sorted(root.glob("*/checkpoints"))]
+    for callback in trainer.get("callbacks") or []:
+        init = callback.get("init_args") if isinstance(callback, Namespace) else None
+        if init and init.get("dirpath"):
+            folders.append(Path(init.get("dirpath")))
+    return root, folders
+
+
+def find_checkpoint(which: str, trainer: Namespace, *, training: bool) -> tuple[Path, dict] | None:
+    """The checkpoint ``--ckpt_path last`` or ``best`` means, read and checked.
+
+    ``last``: the newest ``last*.ckpt`` of the run that passes every check; a damaged or
+    unusable newer one is skipped, saying why. ``best``: of the checkpoints a
+    ``ModelCheckpoint`` recorded as its best when it wrote them, the best-scoring one.
+    """
+    root, folders = checkpoint_folders(trainer)
+    pattern = "last*.ckpt" if which == "last" else "*.ckpt"
+    candidates = checkpoint_file.newest_first(
+        p for folder in folders for p in folder.glob(pattern) if p.is_file()
     )
-    return candidates[-1] if candidates else None
+    usable, skipped = [], []
+    for path in candidates:
+        try:
+            checkpoint = checkpoint_file.read_checkpoint(path)
+        except checkpoint_file.UnusableCheckpoint as e:
+            skipped.append(str(e))
+            continue
+        problem = checkpoint_file.resume_problem(checkpoint, path, training=training)
+        if problem:
+            skipped.append(problem)
+            continue
+        if which == "last":
+            usable.append((path, checkpoint))
+            break
+        score = checkpoint_file.recorded_best(checkpoint, path)
+        if score is not None:
+            usable.append((score, path, checkpoint))
+    if which == "last":
+        if not usable and skipped:
+            raise UserError(f"--ckpt_path last: no usable last.ckpt under {root}: {skipped[0]}")
+        for reason in skipped:
+            log.warning("--ckpt_path last: skipping %s", reason)
+        return usable[0] if usable else None
+    if not usable:
+        raise UserError(
+            f"--ckpt_path best: no best checkpoint under {root} (one is written when the "
+            "monitored metric improves); use --ckpt_path last or a .ckpt file"
+        )
+    (score, _), path, checkpoint = max(
+        usable, key=lambda u: u[0][0] * (1 if u[0][1] == "max" else -1)
+    )
+    log.info("--ckpt_path best: %s (score %.4g)", path, score)
+    return path, checkpoint
+
+
+def replaced_hyperparameters(model: Namespace, checkpoint: dict) -> list[str]:
+    """The model settings a checkpoint's saved hyperparameters replace (LightningCLI applies
+    them, so the weights fit the model they were trained in)."""
+    asked = model.get("init_args") or Namespace() if isinstance(model, Namespace) else Namespace()
+    saved = checkpoint.get("hyper_parameters") or {}
+    return [
+        f"model.{key}={value!r} (this run asked for {asked.get(key)!r})"
+        for key, value in saved.items()
+        if not key.startswith("_") and key in asked and asked.get(key) != value
+    ]
 
 
 class TemplateCLI(LightningCLI):
@@ -154,11 +206,39 @@ class TemplateCLI(LightningCLI):
 
     def parse_arguments(self, parser, args) -> None:
         super().parse_arguments(parser, args)
-        # Check a checkpoint path before LightningCLI opens the file to read its hyperparameters.
+        # Resolved and checked before LightningCLI reads the file's hyperparameters.
+        self.checkpoint = None
         subcommand = self.config.get("subcommand")
-        ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
-        if ckpt_path and ckpt_path not in ("last", "best", "hpc", "registry"):
-            check_checkpoint(ckpt_path)
+        config = self.config[subcommand] if subcommand else None
+        wanted = config.get("ckpt_path") if config else None
+        if not wanted or wanted in ("hpc", "registry"):
+            return
+        training = subcommand == "fit"
+        if wanted in ("last", "best"):
+            found = find_checkpoint(wanted, config.trainer, training=training)
+            if found is None:
+                root, _ = checkpoint_folders(config.trainer)
+                if not training:
+                    raise UserError(f"--ckpt_path last: no last.ckpt under {root}")
+                log.warning("--ckpt_path last: no last.ckpt under %s; training from scratch", root)
+                config.ckpt_path = None
+                return
+            path, checkpoint = found
+            config.ckpt_path = str(path)
+        else:
+            path, checkpoint = Path(wanted).expanduser(), read_checkpoint(wanted)
+            problem = checkpoint_file.resume_problem(checkpoint, path, training=training)
+            if problem:
+                raise UserError(problem)
+        self.checkpoint = (path, checkpoint)
+        log.info("%s %s", "resuming from" if training else "evaluating checkpoint", path)
+        replaced = replaced_hyperparameters(config.model, checkpoint)
+        if replaced:
+            log.warning(
+                "the checkpoint's own hyperparameters replace this run's, so its weights fit: "
+                "%s. To train with other values, start a new run",
+                ", ".join(replaced),
+            )
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
@@ -168,30 +248,35 @@ class TemplateCLI(LightningCLI):
         if trainer.precision is None:
             trainer.precision = resolve_precision(accelerator)
 
+    def _check_checkpoint_fits_model(self) -> None:
+        """Shapes compared before Lightning loads the weights (a size mismatch inside fit
+        is a traceback), naming the settings that differ, such as a linked class count."""
+        if self.checkpoint is None:
+            return
+        path, checkpoint = self.checkpoint
+        differ = checkpoint_file.shape_mismatches(checkpoint["state_dict"], self.model.state_dict())
+        if not differ:
+            return
+        name, saved, here = differ[0]
+        settings = [
+            f"{key}={value!r} there, {self.model.hparams[key]!r} here"
+            for key, value in (checkpoint.get("hyper_parameters") or {}).items()
+            if key in self.model.hparams and self.model.hparams[key] != value
+        ]
+        because = f"; its settings differ: {', '.join(settings)}" if settings else ""
+        raise UserError(
+            f"{path} does not fit this model: {name} is {saved} there and {here} here "
+            f"({len(differ)} tensor(s) differ{because}); resume it with its own model and "
+            "data, or start a new run"
+        )
+
     def before_fit(self) -> None:
+        self._check_checkpoint_fits_model()
         logger = self.trainer.logger
         root = Path(logger.root_dir) if logger is not None else Path(self.trainer.default_root_dir)
         check_writable(root)
-        # Lightning's own "last" looks only in this run's new version directory; resuming
-        # means the newest last.ckpt of any earlier version of this run name.
-        config = self.config_init[self.subcommand]
-        if config.get("ckpt_path") != "last":
-            return
-        last = find_last_checkpoint(root)
-        if last is None:
-            log.warning("--ckpt_path last: no last.ckpt under %s; training from scratch", root)
-            config["ckpt_path"] = None
-        else:
-            # A resumed run writes to a new version directory: Lightning's CSVLogger would
-            # delete the old one's metrics.csv if it reopened it.
-            log.info(
-                "resuming from %s into a new version directory under %s; the metrics of the "
-                "steps before it stay in %s",
-                last,
-                root,
-                last.parent.parent,
-            )
-            config["ckpt_path"] = str(last)
+
+    before_validate = before_test = before_predict = _check_checkpoint_fits_model
 
 
 def argument_error_line(message: str) -> str:
@@ -206,6 +291,15 @@ def argument_error_line(message: str) -> str:
         return " ".join(message.split())
     key = ".".join(k for k in keys if k != "init_args")
     return f'Parser key "{key}": {last[-1].strip()}'
+
+
+def one_line(error: BaseException) -> str:
+    """An error's message on one line. Raised in a DataLoader worker, it arrives wrapped
+    in the worker's traceback text, whose last line is ``module.Type: message``."""
+    text = str(error).strip()
+    last = text.splitlines()[-1] if text else type(error).__name__
+    prefix = f"{type(error).__module__}.{type(error).__name__}: "
+    return last.removeprefix(prefix)
 
 
 def _cause(error: BaseException | None, kind: type | tuple[type, ...]) -> BaseException | None:
@@ -231,8 +325,11 @@ def main(args: list[str] | None = None) -> int:
             args=args,
         )
     except (UserError, MisconfigurationException) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {one_line(e)}", file=sys.stderr)
         return 2
+    except checkpoint_file.SaveFailed as e:
+        print(f"error: {e.strerror}", file=sys.stderr)
+        return 1
     except ArgumentError as e:
         print(f"error: {argument_error_line(str(e))} ({USAGE_HINT})", file=sys.stderr)
         return 2

@@ -1,0 +1,189 @@
+"""Checkpoint files that survive a cluster, and reads that say what a file is before use.
+
+Writes: ``write_atomically`` stages the bytes beside the target (same filesystem, whatever
+``$TMPDIR`` is), fsyncs, then renames over it, so a kill, a full disk or a crash leaves
+the previous file whole and no partial file under a checkpoint name. Free space is
+checked on the target's own disk first.
+
+Reads: ``read_checkpoint`` refuses, each with one line (``UnusableCheckpoint``), a file
+that is missing, is not a ``torch.save`` archive (truncated, empty, something else), was
+damaged after it was written (``torch.save`` stores a CRC-32 of every record in the zip
+archive; ``torch.load`` does not check it, this does), or holds pickled objects other
+than tensors and plain data (unpickling them could run code). It loads with ``mmap``, so
+tensor bytes are not read. ``resume_problem`` and ``shape_mismatches`` then say whether
+the contents can resume a fit of a given model.
+
+Example::
+
+    write_atomically("runs/x/last.ckpt", buffer.getbuffer())
+    try:
+        checkpoint = read_checkpoint("runs/x/last.ckpt")
+    except UnusableCheckpoint as e:
+        print(f"error: {e}")
+"""
+
+from __future__ import annotations
+
+import ast
+import errno
+import os
+import pickle
+import re
+import shutil
+import zipfile
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+import torch
+
+# Left free beyond the file itself, so a save never takes a shared disk's last bytes.
+FREE_MARGIN_BYTES = 16 * 2**20
+
+
+class UnusableCheckpoint(ValueError):
+    """A checkpoint file that cannot be used; the message says what it is and what to do."""
+
+
+class SaveFailed(OSError):
+    """A checkpoint could not be written; the previous file under its name is untouched."""
+
+
+def write_atomically(path: str | os.PathLike, data: bytes | memoryview) -> None:
+    """Write ``data`` to ``path`` so that readers see the old file or the new one, never a part.
+
+    Raises ``SaveFailed`` (one line: the path, the reason, the free space) on any error.
+    """
+    path = Path(path)
+    folder = path.parent
+    stage = folder / f".{path.name}.partial-{os.getpid()}"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        for stale in folder.glob(f".{path.name}.partial-*"):  # left by a killed writer
+            stale.unlink(missing_ok=True)
+        free = shutil.disk_usage(folder).free
+        if free < len(data) + FREE_MARGIN_BYTES:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        with open(stage, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(stage, path)
+        _fsync_folder(folder)  # the rename itself survives a power cut
+    except OSError as e:
+        stage.unlink(missing_ok=True)
+        try:
+            free = f"{shutil.disk_usage(folder).free / 2**20:.0f} MiB free there"
+        except OSError:
+            free = "free space unknown"
+        raise SaveFailed(
+            e.errno,
+            f"cannot save {path} ({len(data) / 2**20:.0f} MiB): {e.strerror or e}, {free}; "
+            f"the checkpoints saved before it are intact",
+        ) from e
+
+
+def _fsync_folder(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return  # not every filesystem lets a folder be opened
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def read_checkpoint(path: str | os.PathLike) -> dict:
+    """The checkpoint at ``path`` as tensors and plain data (tensors memory-mapped)."""
+    file = Path(path).expanduser()
+    if not file.exists():
+        raise UnusableCheckpoint(f"checkpoint {file} does not exist")
+    if not file.is_file():
+        raise UnusableCheckpoint(f"checkpoint {file} is not a file")
+    try:
+        with zipfile.ZipFile(file) as archive:
+            if not any(name.endswith("data.pkl") for name in archive.namelist()):
+                raise zipfile.BadZipFile
+            damaged = archive.testzip()  # reads every record and checks its CRC-32
+    except (zipfile.BadZipFile, OSError, EOFError):
+        raise UnusableCheckpoint(
+            f"{file} is not a checkpoint written by torch.save / Lightning "
+            f"({file.stat().st_size} bytes; truncated, or another kind of file)"
+        ) from None
+    if damaged is not None:
+        raise UnusableCheckpoint(
+            f"{file} is damaged: its record {damaged} no longer matches the checksum written "
+            "with it (a bad disk or copy); use an earlier checkpoint"
+        )
+    try:
+        checkpoint = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+    except pickle.UnpicklingError as e:
+        named = re.search(r"GLOBAL ([\w.]+)", str(e))
+        found = f" ({named.group(1)})" if named else ""
+        raise UnusableCheckpoint(
+            f"{file} holds objects other than tensors and plain data{found}; it is not "
+            "loaded, because unpickling them could run code. Resave it with plain data"
+        ) from None
+    except (RuntimeError, EOFError, OSError) as e:
+        raise UnusableCheckpoint(
+            f"{file} is not a readable checkpoint ({' '.join(str(e).split())[:160]})"
+        ) from None
+    if not isinstance(checkpoint, dict):
+        raise UnusableCheckpoint(
+            f"{file} holds a {type(checkpoint).__name__}, not a checkpoint's dictionary"
+        )
+    return checkpoint
+
+
+def resume_problem(checkpoint: Mapping, path: str | os.PathLike, *, training: bool) -> str | None:
+    """Why ``checkpoint`` cannot be loaded by Lightning (to train on, if ``training``), or None."""
+    if "state_dict" not in checkpoint:
+        if checkpoint and all(isinstance(v, torch.Tensor) for v in checkpoint.values()):
+            return (
+                f"{path} is a plain state_dict (weights, no Lightning checkpoint around them); "
+                "start from it with model.load_state_dict(torch.load(path)) in your model's "
+                "__init__, or pass a checkpoint Lightning wrote"
+            )
+        return f"{path} is not a Lightning checkpoint (it has no state_dict)"
+    if training and not {"optimizer_states", "loops"} <= checkpoint.keys():
+        return (
+            f"{path} holds weights only (saved with save_weights_only=True or by hand): no "
+            "optimizer or loop state to resume a fit from; resume from a last.ckpt, or "
+            "evaluate it with `validate` / `test`"
+        )
+    return None
+
+
+def shape_mismatches(saved: Mapping[str, torch.Tensor], model: Mapping[str, torch.Tensor]):
+    """``(name, saved shape, model shape)`` for the tensors both hold with different shapes."""
+    return [
+        (name, list(tensor.shape), list(model[name].shape))
+        for name, tensor in saved.items()
+        if name in model and hasattr(tensor, "shape") and tensor.shape != model[name].shape
+    ]
+
+
+def newest_first(paths: Iterable[Path]) -> list[Path]:
+    return sorted(set(paths), key=lambda p: p.stat().st_mtime, reverse=True)
+
+
+def recorded_best(checkpoint: Mapping, path: Path) -> tuple[float, str] | None:
+    """``(score, mode)`` when a ModelCheckpoint recorded ``path`` as its best when it saved it.
+
+    Lightning keys a checkpoint callback's state by its settings (monitor, mode, ...), and
+    that state holds ``best_model_path`` and ``best_model_score``.
+    """
+    for key, state in (checkpoint.get("callbacks") or {}).items():
+        if not isinstance(state, Mapping) or state.get("best_model_score") is None:
+            continue
+        if Path(str(state.get("best_model_path", ""))).name != path.name:
+            continue
+        settings = str(key)[str(key).find("{") :]
+        try:
+            mode = ast.literal_eval(settings).get("mode", "min")
+        except (ValueError, SyntaxError, AttributeError):
+            mode = "min"
+        return float(state["best_model_score"]), mode
+    return None

@@ -1,0 +1,386 @@
+"""A battery of bad inputs and faults, as a new user and an unlucky cluster job meet them.
+
+Each case is the real entry point (in process, or as a subprocess where a kill is part of
+it) and checks three things: nothing already saved is lost, a mistake is one ``error:``
+line with no traceback and a non-zero exit, and what the line says names the fix.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from lightning.pytorch.callbacks import Callback
+
+from tests.conftest import DEBUG, DEFAULT, ROOT, cli_main
+
+main = cli_main()
+
+TINY = ["--config", DEFAULT, "--config", DEBUG, "--trainer.enable_model_summary=false"]
+
+
+def fit(*args: str) -> int:
+    return main(["fit", *TINY, *args])
+
+
+def one_error_line(capsys) -> str:
+    err = capsys.readouterr().err
+    assert "Traceback" not in err, err[-3000:]
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1, err[-3000:]
+    return lines[0]
+
+
+def ckpt_dir(root: Path, version: int = 0) -> Path:
+    """A run's checkpoint folder, as the entry point names it when run in ``root``."""
+    assert Path.cwd() == root
+    return Path("runs") / "debug" / f"version_{version}" / "checkpoints"
+
+
+def load(path: Path) -> dict:
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+# -- where resumes find their checkpoint ---------------------------------------------------
+
+
+def test_last_without_a_logger_resumes_the_save_instead_of_overwriting_it(in_tmp, capsys):
+    assert fit("--trainer.logger=false", f"--trainer.default_root_dir={in_tmp}") == 0
+    last = in_tmp / "checkpoints" / "last.ckpt"
+    assert load(last)["global_step"] == 4
+    code = fit("--trainer.logger=false", f"--trainer.default_root_dir={in_tmp}",
+               "--trainer.max_epochs=2", "--ckpt_path=last")  # fmt: skip
+    assert code == 0
+    err = capsys.readouterr().err
+    assert "training from scratch" not in err and f"resuming from {last}" in err
+    assert load(last)["global_step"] == 8 and load(last)["epoch"] == 1
+
+
+def test_best_on_a_fresh_run_is_one_line(in_tmp, capsys):
+    assert fit("--ckpt_path=best") == 2
+    assert "--ckpt_path best: no best checkpoint" in one_error_line(capsys)
+
+
+def test_best_resumes_the_best_scoring_checkpoint_of_earlier_runs(in_tmp, capsys):
+    assert fit() == 0
+    best = next(ckpt_dir(in_tmp).glob("best-*.ckpt"))
+    assert main(["validate", *TINY, "--ckpt_path=best"]) == 0
+    assert f"evaluating checkpoint {best}" in capsys.readouterr().err
+
+
+# -- damaged and foreign files -------------------------------------------------------------
+
+
+def _two_runs(root: Path) -> tuple[Path, Path]:
+    """Two versions of the run: the older last.ckpt is good, the newer one gets damaged."""
+    assert fit() == 0
+    assert fit("--trainer.max_epochs=2", "--ckpt_path=last") == 0
+    return ckpt_dir(root, 0) / "last.ckpt", ckpt_dir(root, 1) / "last.ckpt"
+
+
+def _flip_a_byte_in_the_weights(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize(
+    ("damage", "said"),
+    [
+        (lambda p: p.write_bytes(p.read_bytes()[: p.stat().st_size // 2]), "not a checkpoint"),
+        (lambda p: p.write_bytes(b""), "not a checkpoint"),
+        (_flip_a_byte_in_the_weights, "damaged"),
+    ],
+    ids=["truncated", "empty", "flipped-bytes"],
+)
+def test_last_skips_a_damaged_newest_save_for_the_newest_good_one(in_tmp, capsys, damage, said):
+    older, newer = _two_runs(in_tmp)
+    damage(newer)
+    capsys.readouterr()
+    assert fit("--trainer.max_epochs=3", "--ckpt_path=last") == 0
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    skipped = [line for line in err.splitlines() if str(newer) in line and said in line]
+    assert skipped, err[-2000:]
+    assert f"resuming from {older}" in err
+    assert load(ckpt_dir(in_tmp, 2) / "last.ckpt")["epoch"] == 2
+
+
+def test_an_explicit_damaged_checkpoint_is_one_line(in_tmp, capsys):
+    _, newer = _two_runs(in_tmp)
+    _flip_a_byte_in_the_weights(newer)
+    capsys.readouterr()
+    assert fit(f"--ckpt_path={newer}") == 2
+    line = one_error_line(capsys)
+    assert str(newer) in line and "damaged" in line
+
+
+def test_last_with_only_damaged_saves_is_one_line(in_tmp, capsys):
+    assert fit() == 0
+    last = ckpt_dir(in_tmp) / "last.ckpt"
+    _flip_a_byte_in_the_weights(last)
+    capsys.readouterr()
+    assert fit("--ckpt_path=last") == 2
+    line = one_error_line(capsys)
+    assert "no usable last.ckpt" in line and str(last) in line
+
+
+class _Payload:
+    def __reduce__(self):
+        return (os.system, ("echo planted",))
+
+
+def test_a_code_carrying_last_ckpt_is_never_loaded(in_tmp, capsys):
+    folder = ckpt_dir(in_tmp)
+    folder.mkdir(parents=True)
+    torch.save({"state_dict": {}, "x": _Payload()}, folder / "last.ckpt")
+    assert fit("--ckpt_path=last") == 2
+    line = one_error_line(capsys)
+    assert "could run code" in line and ("posix.system" in line or "os.system" in line)
+
+
+def test_a_plain_state_dict_is_one_line_that_says_what_it_is(in_tmp, capsys):
+    from template.models import ImageClassifier
+
+    torch.save(ImageClassifier(width=8).state_dict(), in_tmp / "weights.pt")
+    assert fit("--ckpt_path=weights.pt") == 2
+    line = one_error_line(capsys)
+    assert "plain state_dict" in line and "load_state_dict" in line
+
+
+def test_a_weights_only_checkpoint_cannot_resume_a_fit(in_tmp, capsys):
+    assert fit() == 0
+    trainer_ckpt = load(ckpt_dir(in_tmp) / "last.ckpt")
+    weights = {k: trainer_ckpt[k] for k in ("state_dict", "hyper_parameters", "epoch",
+                                          "global_step", "pytorch-lightning_version")}  # fmt: skip
+    torch.save(weights, in_tmp / "weights.ckpt")
+    capsys.readouterr()
+    assert fit("--ckpt_path=weights.ckpt") == 2
+    line = one_error_line(capsys)
+    assert "weights only" in line and "save_weights_only" in line
+    # Evaluating from weights is what such a file is for.
+    assert main(["validate", *TINY, "--ckpt_path=weights.ckpt"]) == 0
+
+
+def test_a_checkpoint_of_another_class_count_is_one_line(in_tmp, capsys, image_folder):
+    assert fit() == 0  # 10 classes
+    last = ckpt_dir(in_tmp) / "last.ckpt"
+    capsys.readouterr()
+    code = fit("--data.dataset=folder", f"--data.data_dir={image_folder}",
+               "--data.batch_size=4", f"--ckpt_path={last}")  # fmt: skip
+    assert code == 2
+    line = one_error_line(capsys)
+    assert "does not fit this model" in line and "[10, " in line and "[3, " in line
+
+
+def test_a_checkpoints_hyperparameters_that_replace_the_command_line_are_named(in_tmp, capsys):
+    assert fit() == 0  # width 8 (debug.yaml)
+    last = ckpt_dir(in_tmp) / "last.ckpt"
+    capsys.readouterr()
+    assert fit("--model.width=16", "--trainer.max_epochs=2", f"--ckpt_path={last}") == 0
+    err = capsys.readouterr().err
+    assert "model.width=8 (this run asked for 16)" in err, err[-2000:]
+
+
+# -- saves that survive the cluster ----------------------------------------------------------
+
+
+def _mount_tmpfs(path: Path, size: str) -> None:
+    path.mkdir(parents=True, exist_ok=True)
+    result = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                            capture_output=True, text=True)  # fmt: skip
+    if result.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({result.stderr.strip() or 'not root'})")
+
+
+@pytest.fixture
+def other_filesystem(tmp_path):
+    """A second filesystem (tmpfs), as a cluster's node-local /tmp is to its shared runs."""
+    mount = tmp_path / "other-fs"
+    _mount_tmpfs(mount, "64m")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+SAVE_AND_DIE = textwrap.dedent(
+    """
+    import os, signal, sys
+    import torch
+    from gpu_busy.checkpoint_io import AtomicCheckpointIO
+
+    path, step = sys.argv[1], int(sys.argv[2])
+    real_fsync = os.fsync
+
+    def die_in_the_middle(fd):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    if step == 2:
+        os.fsync = die_in_the_middle  # kill -9 after the bytes are written, before the rename
+    state = {"state_dict": {"w": torch.full((256, 1024), float(step))}, "global_step": step}
+    AtomicCheckpointIO().save_checkpoint(state, path)
+    """
+)
+
+
+def test_kill_9_during_a_save_across_filesystems_keeps_the_previous_checkpoint(
+    tmp_path, other_filesystem
+):
+    """Run directory on one filesystem, $TMPDIR on another: the usual cluster layout."""
+    runs = tmp_path / "runs"
+    path = runs / "checkpoints" / "last.ckpt"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(other_filesystem)}
+    for step, expected_rc in ((1, 0), (2, -signal.SIGKILL)):
+        done = subprocess.run([sys.executable, "-c", SAVE_AND_DIE, str(path), str(step)],
+                              env=env, capture_output=True, text=True)  # fmt: skip
+        assert done.returncode == expected_rc, done.stderr
+    assert load(path)["global_step"] == 1
+    assert [p.name for p in path.parent.glob("*.ckpt")] == ["last.ckpt"]
+
+
+def test_a_save_needs_no_room_in_tmpdir(in_tmp, monkeypatch):
+    monkeypatch.setenv("TMPDIR", str(in_tmp / "no-such-dir"))
+    assert fit() == 0
+    assert load(ckpt_dir(in_tmp) / "last.ckpt")["global_step"] == 4
+
+
+def test_a_disk_that_fills_mid_run_is_one_line_and_earlier_saves_stay_whole(tmp_path, capsys):
+    """The run directory on a small filesystem that fills after the first epoch's saves."""
+    runs = tmp_path / "small-fs"
+    _mount_tmpfs(runs, "300m")
+    try:
+        os.chdir(tmp_path)
+        code = main(["fit", *TINY, f"--trainer.logger.init_args.save_dir={runs}",
+                     "--trainer.max_epochs=2",
+                     '--trainer.callbacks+={"class_path": "tests.test_bad_inputs.FillTheDisk", '
+                     f'"init_args": {{"folder": "{runs}"}}}}'])  # fmt: skip
+        line = one_error_line(capsys)
+        assert code != 0 and "cannot save" in line and "No space left" in line, line
+        folder = runs / "debug" / "version_0" / "checkpoints"
+        for ckpt in folder.glob("*.ckpt"):
+            assert ckpt.stat().st_size > 0 and load(ckpt)["epoch"] == 0, ckpt
+        assert not [p for p in folder.iterdir() if not p.name.endswith(".ckpt")]
+    finally:
+        os.chdir(ROOT)
+        subprocess.run(["umount", "-l", str(runs)], check=False)
+
+
+class FillTheDisk(Callback):
+    """Fills ``folder``'s filesystem once the first epoch's checkpoints exist, as another
+    job on a shared disk would."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = Path(folder)
+
+    def on_train_epoch_start(self, trainer, pl_module) -> None:
+        if trainer.current_epoch == 1:
+            stat = os.statvfs(self.folder)
+            with (self.folder / "filler").open("wb") as f:
+                f.write(b"\0" * (stat.f_bavail * stat.f_frsize - 256 * 1024))
+
+
+# -- bad values, each one line before anything runs ---------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--model.lr=-0.1"], "model.lr must be greater than 0"),
+        (["--model.lr=0"], "model.lr must be greater than 0"),
+        (["--trainer.devices=two"], "trainer.devices"),
+        (["--trainer.accelerator=cpu", "--trainer.devices=0"], "trainer.devices"),
+        (["--data.image_size=0"], "data.image_size must be at least"),
+        (["--data.synthetic_train_size=20", "--data.batch_size=32"], "fewer than one batch"),
+    ],
+)
+def test_a_bad_value_is_one_line(in_tmp, capsys, args, expected):
+    assert fit(*args) == 2
+    assert expected in one_error_line(capsys)
+    assert not list(in_tmp.glob("runs/*/*/checkpoints/*.ckpt"))
+
+
+def test_a_corrupt_image_stops_the_run_naming_the_file(in_tmp, capsys, image_folder):
+    bad = image_folder / "train" / "cats" / "0.png"
+    bad.write_bytes(b"\x89PNG\r\n\x1a\n" + b"garbage" * 10)
+    code = fit("--data.dataset=folder", f"--data.data_dir={image_folder}", "--data.batch_size=4",
+               "--data.num_workers=1")  # fmt: skip
+    assert code == 2
+    line = one_error_line(capsys)
+    assert str(bad) in line and "remove or replace it" in line
+
+
+def test_max_epochs_minus_one_trains_until_stopped(in_tmp):
+    """Lightning's "no limit": the LR schedule must not divide by an infinite step count."""
+    assert fit("--trainer.max_epochs=-1", "--trainer.max_time=00:00:00:04") == 0
+    last = load(ckpt_dir(in_tmp) / "last.ckpt")
+    assert last["global_step"] >= 4
+    assert all(
+        torch.isfinite(t).all() for t in last["state_dict"].values() if t.is_floating_point()
+    )
+
+
+def test_a_yaml_error_names_its_file(in_tmp, capsys):
+    (in_tmp / "mine.yaml").write_text("model:\n  width: [16\n")
+    assert fit("--config", "mine.yaml") == 2
+    assert "mine.yaml" in one_error_line(capsys)
+
+
+def test_ctrl_c_twice_is_our_line(tmp_path):
+    """The first Ctrl+C asks for a save at the step's end; a second one stops at once."""
+    from tests.conftest import run_entry_point  # noqa: F401 (same environment as users)
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "template.train", "fit", *TINY, "--trainer.max_epochs=50",
+         "--trainer.limit_train_batches=1000", "--data.synthetic_train_size=20000"],
+        cwd=tmp_path, env=env, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    import time
+
+    deadline = time.monotonic() + 120
+    while not list(tmp_path.glob("runs/debug/version_0/metrics.csv")):
+        assert process.poll() is None and time.monotonic() < deadline
+        time.sleep(0.2)
+    process.send_signal(signal.SIGINT)
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 128 + signal.SIGINT, err[-2000:]
+    lines = [line for line in err.splitlines() if line.startswith(("error:", "stopped:"))]
+    assert len(lines) == 1 and lines[0].startswith("stopped:") and "Ctrl+C" in lines[0], err
+
+
+# -- no open doors -------------------------------------------------------------------------
+
+
+def test_cifar10_reader_refuses_a_planted_pickle(tmp_path, capsys):
+    from tests.conftest import write_cifar10
+
+    root = tmp_path / "cifar"
+    write_cifar10(root)
+    marker = tmp_path / "ran"
+    with (root / "cifar-10-batches-py" / "data_batch_3").open("wb") as f:
+        pickle.dump({b"data": _Touch(str(marker)), b"labels": []}, f)
+    os.chdir(tmp_path)
+    try:
+        code = main(["fit", *TINY, "--data.dataset=cifar10", f"--data.data_dir={root}",
+                     "--data.download=false"])  # fmt: skip
+    finally:
+        os.chdir(ROOT)
+    assert not marker.exists(), "unpickling the planted file ran its code"
+    assert code == 2
+    line = one_error_line(capsys)
+    assert "data_batch_3" in line and "not plain data" in line
+
+
+class _Touch:
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return (Path.touch, (Path(self.path),))

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import lightning.pytorch as pl
 import torch
+import yaml
 from jsonargparse import ArgumentError, Namespace
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.cli import LightningCLI
@@ -41,25 +42,42 @@ USAGE_HINT = "python -m template.train fit --help lists every option"
 
 
 def _requested_gpus(devices) -> int | None:
-    """How many GPUs the trainer settings ask for, or None for "auto" / "all"."""
-    if isinstance(devices, int):
-        return devices if devices >= 0 else None  # -1 means "all"
+    """How many devices the trainer settings ask for, or None for "auto" / "all" (-1).
+
+    Lightning takes a count, -1 or "auto", or device indices ("0,1", [0, 1]); anything else
+    is a ``UserError`` here, before Lightning's own check deep inside the trainer.
+    """
     if isinstance(devices, str):
-        if devices in ("auto", "-1"):
+        text = devices.strip()
+        if text in ("auto", "-1"):
             return None
-        if devices.strip().lstrip("-").isdigit():
-            return int(devices)
-        return len([d for d in devices.split(",") if d.strip()])
-    if isinstance(devices, list | tuple):
+        parts = [p.strip() for p in text.split(",") if p.strip()]
+        if text.isdigit() and int(text) > 0:
+            return int(text)
+        if "," in text and parts and all(p.isdigit() for p in parts):
+            return len(parts)
+    elif isinstance(devices, int) and not isinstance(devices, bool):
+        if devices > 0:
+            return devices
+        if devices == -1:
+            return None
+    elif (
+        isinstance(devices, list | tuple)
+        and devices
+        and all(isinstance(d, int) and d >= 0 for d in devices)
+    ):
         return len(devices)
-    return None
+    raise UserError(
+        f"trainer.devices must be a count (1, 2, ...), -1 or 'auto' for all, or device "
+        f"indices such as 0,1; got {devices!r}"
+    )
 
 
 def check_devices(accelerator: str, devices) -> None:
     """Refuse, before anything is spawned, to run on more GPUs than this machine has."""
+    wanted = _requested_gpus(devices) or 1
     if accelerator not in ("gpu", "cuda"):
-        return
-    wanted = _requested_gpus(devices) or 1  # "auto" / -1 need at least one
+        return  # "auto" / -1 need at least one
     found = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if wanted > found:
         fewer = f"`make train GPUS={found}`" if found else "`make train` (the CPU)"
@@ -231,7 +249,19 @@ class TemplateCLI(LightningCLI):
             if problem:
                 raise UserError(problem)
         self.checkpoint = (path, checkpoint)
-        log.info("%s %s", "resuming from" if training else "evaluating checkpoint", path)
+        if not training:
+            log.info("evaluating checkpoint %s", path)
+        elif config.trainer.get("logger") is False:
+            log.info("resuming from %s", path)
+        else:
+            # A resumed run writes to a new version directory: Lightning's CSVLogger would
+            # delete the old one's metrics.csv if it reopened it.
+            log.info(
+                "resuming from %s into a new version directory; the metrics of the steps "
+                "before it stay in %s",
+                path,
+                path.parent.parent,
+            )
         replaced = replaced_hyperparameters(config.model, checkpoint)
         if replaced:
             log.warning(
@@ -279,6 +309,30 @@ class TemplateCLI(LightningCLI):
     before_validate = before_test = before_predict = _check_checkpoint_fits_model
 
 
+def check_config_files(args: list[str]) -> None:
+    """Each ``--config`` file must parse as YAML; jsonargparse's own error does not say which
+    of several files it is in."""
+    for i, arg in enumerate(args):
+        if arg in ("--config", "-c") and i + 1 < len(args):
+            name = args[i + 1]
+        elif arg.startswith("--config="):
+            name = arg.split("=", 1)[1]
+        else:
+            continue
+        file = Path(name).expanduser()
+        if not file.is_file():
+            continue  # jsonargparse says "File does not exist"
+        try:
+            yaml.safe_load(file.read_text())
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            where = f", line {mark.line + 1} column {mark.column + 1}" if mark else ""
+            problem = getattr(e, "problem", None) or " ".join(str(e).split())
+            raise UserError(f"{file}{where}: {problem}; fix the YAML there") from None
+        except (OSError, UnicodeDecodeError) as e:
+            raise UserError(f"cannot read config {file}: {e}") from None
+
+
 def argument_error_line(message: str) -> str:
     """jsonargparse's nested, multi-line error as one line that names the full key.
 
@@ -314,6 +368,7 @@ def main(args: list[str] | None = None) -> int:
     warnings.filterwarnings("ignore", message=r"torch\.distributed\.nn\.functional\.all_gather")
     torch.set_float32_matmul_precision("high")  # TF32 matmuls on Ampere and newer GPUs
     try:
+        check_config_files(sys.argv[1:] if args is None else args)
         TemplateCLI(
             pl.LightningModule,  # any subclass: model.class_path in the config
             None,  # any LightningDataModule subclass (data.class_path), or none: --data=null

@@ -48,11 +48,13 @@ class SaveAndStop(pl.Callback):
 
 
 class SignalAt(pl.Callback):
-    """Sends ``signal`` (a name: SIGTERM, SIGINT) to this process after step ``step``,
-    on rank ``rank`` only; ``step=-1``: when the sanity check starts, before training."""
+    """Sends ``signal`` (a name: SIGTERM, SIGINT) ``times`` times to this process after step
+    ``step``, on rank ``rank`` only; ``step=-1``: when the sanity check starts, before
+    training."""
 
-    def __init__(self, step: int, signal: str = "SIGTERM", rank: int = 0) -> None:
+    def __init__(self, step: int, signal: str = "SIGTERM", rank: int = 0, times: int = 1):
         self.step, self.signum, self.rank = step, getattr(signal_module, signal), rank
+        self.times = times
 
     def on_sanity_check_start(self, trainer, pl_module) -> None:
         if self.step == -1 and trainer.global_rank == self.rank:
@@ -60,7 +62,8 @@ class SignalAt(pl.Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if trainer.global_step == self.step and trainer.global_rank == self.rank:
-            os.kill(os.getpid(), self.signum)
+            for _ in range(self.times):
+                os.kill(os.getpid(), self.signum)
 
 
 signal_module = signal

@@ -19,7 +19,7 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from tests.conftest import DEBUG, DEFAULT, ROOT, cli_main
+from tests.conftest import DEBUG, DEFAULT, ROOT, cli_main, run_entry_point
 
 main = cli_main()
 
@@ -331,28 +331,19 @@ def test_a_yaml_error_names_its_file(in_tmp, capsys):
     assert "mine.yaml" in one_error_line(capsys)
 
 
+@pytest.mark.slow
 def test_ctrl_c_twice_is_our_line(tmp_path):
     """The first Ctrl+C asks for a save at the step's end; a second one stops at once."""
-    from tests.conftest import run_entry_point  # noqa: F401 (same environment as users)
-
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "template.train", "fit", *TINY, "--trainer.max_epochs=50",
-         "--trainer.limit_train_batches=1000", "--data.synthetic_train_size=20000"],
-        cwd=tmp_path, env=env, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    result = run_entry_point(
+        ["fit", *TINY, "--trainer.max_epochs=2", "--trainer.callbacks+=tests.faults_probe.SignalAt",
+         "--trainer.callbacks.init_args.step=2", "--trainer.callbacks.init_args.signal=SIGINT",
+         "--trainer.callbacks.init_args.times=2"],
+        cwd=tmp_path,
     )  # fmt: skip
-    import time
-
-    deadline = time.monotonic() + 120
-    while not list(tmp_path.glob("runs/debug/version_0/metrics.csv")):
-        assert process.poll() is None and time.monotonic() < deadline
-        time.sleep(0.2)
-    process.send_signal(signal.SIGINT)
-    process.send_signal(signal.SIGINT)
-    _, err = process.communicate(timeout=120)
-    assert process.returncode == 128 + signal.SIGINT, err[-2000:]
-    lines = [line for line in err.splitlines() if line.startswith(("error:", "stopped:"))]
-    assert len(lines) == 1 and lines[0].startswith("stopped:") and "Ctrl+C" in lines[0], err
+    assert result.returncode == 128 + signal.SIGINT, result.stderr[-3000:]
+    lines = [ln for ln in result.stderr.splitlines() if ln.startswith(("error:", "stopped:"))]
+    assert len(lines) == 1 and lines[0].startswith("stopped: Ctrl+C twice"), result.stderr[-3000:]
+    assert "Traceback" not in result.stderr and "KeyboardInterrupt" not in result.stderr
 
 
 # -- no open doors -------------------------------------------------------------------------

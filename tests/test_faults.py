@@ -14,6 +14,7 @@ import torch.distributed as dist
 
 from gpu_busy.faults.peer_watch import PeerWatch, describe_exit
 from gpu_busy.faults.stop_request import StopRequest
+from gpu_busy.faults.training_stopped import TrainingStopped
 from tests.conftest import DEBUG, DEFAULT, run_entry_point
 
 # -- the mechanisms, alone -------------------------------------------------------------
@@ -28,9 +29,10 @@ def test_a_signal_becomes_a_request_and_a_second_ctrl_c_stops_at_once():
         assert stop.requested and stop.name == "SIGTERM"
         os.kill(os.getpid(), signal.SIGTERM)  # later signals do not change the first
         assert stop.signum == signal.SIGTERM
-        with pytest.raises(KeyboardInterrupt):
+        with pytest.raises(TrainingStopped, match="Ctrl\\+C twice") as stopped:
             os.kill(os.getpid(), signal.SIGINT)
             time.sleep(0.1)  # the handler runs at the next bytecode
+        assert stopped.value.exit_code == 130 and not stopped.value.failure
     finally:
         stop.uninstall()
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
@@ -244,3 +246,41 @@ def test_a_failed_rank_ends_every_rank_promptly_naming_it(tmp_path, rank, how, s
     # child the launcher started being killed; the rest is process exit.
     assert ended - float((tmp_path / "failed_at").read_text()) < 10
     assert _all_exited(tmp_path)
+
+
+def test_the_peer_watch_opens_no_port_of_its_own(monkeypatch):
+    """It joins the process group's store as a client, under a prefix of its own: a second
+    listener would be a door into the job (stop it, write its error line) on every interface."""
+    from types import SimpleNamespace
+
+    from gpu_busy.callbacks import StopOnRankFailure
+
+    group_store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    opened, real_store = [], dist.TCPStore
+
+    def spy(*args, **kwargs):
+        opened.append(kwargs.get("is_master", len(args) > 3 and args[3]))
+        return real_store(*args, **kwargs)
+
+    monkeypatch.setattr(dist, "TCPStore", spy)
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    environment = SimpleNamespace(main_address="127.0.0.1", main_port=group_store.port)
+    strategy = SimpleNamespace(
+        cluster_environment=environment,
+        root_device=torch.device("cpu"),
+        broadcast=lambda obj, src=0: obj,
+        reduce=lambda t, reduce_op: t,
+    )
+    trainer = SimpleNamespace(world_size=2, global_rank=1, strategy=strategy)
+    callback = StopOnRankFailure(peer_timeout=5, poll_interval=0.05)
+    keys_before = group_store.num_keys()
+    callback.setup(trainer, None, "fit")
+    try:
+        assert opened == [False]  # one client, no listener
+        deadline = time.monotonic() + 5
+        while group_store.num_keys() == keys_before and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert group_store.num_keys() > keys_before  # the heartbeat lands in the group's store
+        assert not callback._store.check(["failed"])
+    finally:
+        callback.watch.finish(wait=0)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import sys
+import uuid
 from datetime import timedelta
 
 import lightning.pytorch as pl
@@ -55,27 +56,24 @@ class StopOnRankFailure(pl.Callback):
         if trainer.world_size < 2 or not dist.is_initialized() or self.watch is not None:
             return
         rank = trainer.global_rank
-        host = trainer.strategy.cluster_environment.main_address
-        timeout = timedelta(seconds=self.peer_timeout)
-        # A store of the watch's own, so its traffic never waits behind the process group's.
+        environment = trainer.strategy.cluster_environment
+        host, port = environment.main_address, environment.main_port
+        # Every rank is a client of the store the process group already runs (MASTER_ADDR:
+        # MASTER_PORT), under a prefix of this fit's own: no second listening port, so
+        # nothing new to reach, and nothing to authenticate beyond what the group exposes.
+        prefix = trainer.strategy.broadcast(f"gpu_busy/peer_watch/{uuid.uuid4().hex}/", src=0)
         error = None
         try:
-            if rank == 0:
-                self._store = dist.TCPStore(host, 0, is_master=True, timeout=timeout,
-                                            wait_for_workers=False)  # fmt: skip
-        except Exception as e:  # a firewall, no free port: train on, unwatched
-            error = e
-        port = trainer.strategy.broadcast(self._store.port if self._store else 0, src=0)
-        try:
-            if rank != 0 and port:
-                self._store = dist.TCPStore(host, port, is_master=False, timeout=timeout)
-        except Exception as e:
+            client = dist.TCPStore(host, port, is_master=False,
+                                   timeout=timedelta(seconds=self.peer_timeout))  # fmt: skip
+            self._store = dist.PrefixStore(prefix, client)
+        except Exception as e:  # the group's store is not a TCPStore there: train on, unwatched
             error = e
         # All ranks watch, or none: a rank without a heartbeat would be declared dead.
         ready = torch.tensor(int(self._store is not None), device=trainer.strategy.root_device)
         if not trainer.strategy.reduce(ready, reduce_op="min").item():
-            log.warning("StopOnRankFailure is off: its store on %s failed (%s)", host, error,
-                        rank_zero_only=False)  # fmt: skip
+            log.warning("StopOnRankFailure is off: the process group's store at %s:%s is out "
+                        "of reach (%s)", host, port, error, rank_zero_only=False)  # fmt: skip
             return
         self.watch = PeerWatch(
             self._store, rank, trainer.world_size, self._stop_for,

@@ -2,7 +2,8 @@
 
 The handler only records the signal: it can run between any two bytecodes of the main
 thread, where printing or a collective could deadlock. The loop polls ``requested`` at a
-step boundary, saves and stops; a second SIGINT raises ``KeyboardInterrupt`` at once.
+step boundary, saves and stops; a second SIGINT raises ``TrainingStopped`` at once (exit
+code 130, nothing saved: the checkpoints written before stay).
 
 Example::
 
@@ -20,6 +21,8 @@ from __future__ import annotations
 import signal
 import threading
 from types import FrameType
+
+from gpu_busy.faults.training_stopped import TrainingStopped
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -56,6 +59,13 @@ class StopRequest:
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.signum is not None and signum == signal.SIGINT:
-            raise KeyboardInterrupt  # a second Ctrl+C: stop now, without saving
+            # A second Ctrl+C: stop now, without saving. Not KeyboardInterrupt, which
+            # Lightning turns into its own message and exit code 1.
+            raise TrainingStopped(
+                "Ctrl+C twice: stopped at once, without saving this step; the checkpoints "
+                "saved before are kept (resume with --ckpt_path last)",
+                exit_code=128 + signal.SIGINT,
+                failure=False,
+            )
         if self.signum is None:
             self.signum = signum

@@ -97,6 +97,8 @@ class ImageDataModule(pl.LightningDataModule):
         super().__init__()
         if batch_size < 1:
             raise UserError(f"data.batch_size must be at least 1, got {batch_size}")
+        if image_size < 1:
+            raise UserError(f"data.image_size must be at least 1 (pixels), got {image_size}")
         if num_workers is not None and num_workers < 0:
             raise UserError(
                 f"data.num_workers must be >= 0 (or null for automatic), got {num_workers}"
@@ -154,6 +156,19 @@ class ImageDataModule(pl.LightningDataModule):
                 ", ".join(self.classes),
                 len(self.train_set),
                 len(self.val_set),
+            )
+        self._check_one_batch_per_rank()
+
+    def _check_one_batch_per_rank(self) -> None:
+        """Training keeps full batches only (drop_last), so a training set smaller than one
+        batch per rank would train 0 steps and end "successfully"."""
+        world = self.trainer.world_size if self.trainer is not None else 1
+        per_rank = len(self.train_set) // world
+        if per_rank < self.batch_size:
+            raise UserError(
+                f"the training set has {len(self.train_set)} images, {per_rank} per rank: "
+                f"fewer than one batch of data.batch_size={self.batch_size}; lower "
+                "data.batch_size or add images"
             )
 
     def _loader(self, dataset: Dataset, train: bool) -> DataLoader:

@@ -45,11 +45,28 @@ class InMemoryImages(Dataset):
         return self.images[index], int(self.labels[index])
 
 
+class _ArraysOnly(pickle.Unpickler):
+    """Unpickles plain data and numpy arrays, nothing else: a pickle names any callable to
+    run when loaded, so a planted batch file could otherwise run code."""
+
+    ALLOWED = {
+        ("numpy", "ndarray"),
+        ("numpy", "dtype"),
+        ("numpy.core.multiarray", "_reconstruct"),  # how numpy 1.x pickled arrays
+        ("numpy._core.multiarray", "_reconstruct"),  # numpy 2
+    }
+
+    def find_class(self, module: str, name: str):
+        if (module, name) not in self.ALLOWED:
+            raise pickle.UnpicklingError(f"refused {module}.{name}: not plain data")
+        return super().find_class(module, name)
+
+
 def _read_cifar_batch(path: Path) -> tuple[np.ndarray, list[int]]:
     # CIFAR-10's own format: a pickled dict with b"data" (N x 3072 uint8, channel-major)
-    # and b"labels". Only open files you trust: unpickling can run code.
+    # and b"labels".
     with path.open("rb") as f:
-        entry = pickle.load(f, encoding="bytes")
+        entry = _ArraysOnly(f, encoding="bytes").load()
     return entry[b"data"], entry[b"labels"]
 
 
@@ -86,10 +103,10 @@ def load_cifar10(
     for name in names:
         try:
             data, batch_labels = _read_cifar_batch(folder / name)
-        except (pickle.UnpicklingError, EOFError, KeyError, ValueError) as e:
+        except (pickle.UnpicklingError, EOFError, KeyError, ValueError, TypeError) as e:
             raise UserError(
-                f"{folder / name} is not a CIFAR-10 batch file ({type(e).__name__}); "
-                f"delete {folder} and download it again"
+                f"{folder / name} is not a CIFAR-10 batch file ({' '.join(str(e).split())[:120]}"
+                f" [{type(e).__name__}]); it was not loaded. Delete {folder} and download it again"
             ) from None
         chunks.append(np.asarray(data, dtype=np.uint8).reshape(-1, 3, 32, 32))
         labels.extend(batch_labels)
@@ -101,11 +118,17 @@ def _decode(path: str, size: int) -> torch.Tensor:
     from PIL import Image
     from torchvision.transforms.v2.functional import center_crop, pil_to_tensor, resize
 
-    with Image.open(path) as image:
-        # Resize the short side, then crop the centre: a square uint8 image of fixed size,
-        # so batches stack without padding.
-        image = center_crop(resize(image.convert("RGB"), [size], antialias=True), [size, size])
-        return pil_to_tensor(image)
+    # A file that does not decode stops the run naming it, rather than being skipped: a
+    # skipped image silently changes the dataset and the class balance.
+    try:
+        with Image.open(path) as image:
+            # Resize the short side, then crop the centre: a square uint8 image of fixed
+            # size, so batches stack without padding.
+            image = center_crop(resize(image.convert("RGB"), [size], antialias=True), [size, size])
+            return pil_to_tensor(image)
+    except (OSError, ValueError, SyntaxError) as e:  # what PIL raises for damaged files
+        reason = " ".join(str(e).split())[:120] or type(e).__name__
+        raise UserError(f"cannot read image {path} ({reason}); remove or replace it") from None
 
 
 class FolderImages(Dataset):

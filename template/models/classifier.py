@@ -63,6 +63,8 @@ class ImageClassifier(pl.LightningModule):
         compile: bool = False,
     ) -> None:
         super().__init__()
+        if not lr > 0:
+            raise UserError(f"model.lr must be greater than 0, got {lr}")
         if num_classes < 2:
             raise UserError(f"model.num_classes must be at least 2, got {num_classes}")
         if not 0.0 < warmup_fraction < 1.0:
@@ -166,9 +168,16 @@ class ImageClassifier(pl.LightningModule):
         """Linear warm-up from lr/25, then a cosine decay to zero at the last step.
 
         The length is read from the trainer at every step, so a run resumed with a larger
-        ``max_epochs`` stretches the schedule instead of failing past its end.
+        ``max_epochs`` stretches the schedule instead of failing past its end. A run with
+        no end (``max_epochs=-1``, stopped by time or by hand) warms up over its first
+        epoch, then keeps the peak rate.
         """
-        total = max(1, int(self.trainer.estimated_stepping_batches))
+        total = self.trainer.estimated_stepping_batches
+        if not math.isfinite(total):
+            epoch = self.trainer.num_training_batches  # inf until the loader is built
+            warmup = max(1, int(epoch)) if math.isfinite(epoch) else 1
+            return 0.04 + 0.96 * step / warmup if step < warmup else 1.0
+        total = max(1, int(total))
         warmup = max(1, int(total * self.hparams.warmup_fraction))
         if step < warmup:
             return 0.04 + 0.96 * step / warmup

@@ -5,8 +5,8 @@ Under DDP a rank that raises or dies leaves the others blocked in their next col
 thread per rank over a store every rank reaches (the process group's, under a prefix):
 each rank beats a heartbeat and reads the shared ``failed`` record every
 ``poll_interval``; a rank that raises writes ``failed`` (first writer wins); rank zero
-also declares failed a launcher child that exited or a rank whose heartbeat stalled for ``peer_timeout``. Then
-``on_failure(rank, reason)`` runs on the watch thread. Bounds and details:
+also declares failed a launcher child that exited or a rank whose heartbeat stalled for
+``peer_timeout``. Then ``on_failure(rank, reason)`` runs on the watch thread. Bounds and details:
 docs/ARCHITECTURE.md, "A failed rank".
 
 Example::

@@ -275,8 +275,32 @@ class TemplateCLI(LightningCLI):
         trainer = config.trainer
         accelerator = str(trainer.accelerator)
         check_devices(accelerator, trainer.devices)
+        accumulate = trainer.get("accumulate_grad_batches")
+        if not isinstance(accumulate, int) or accumulate < 1:
+            raise UserError(
+                f"trainer.accumulate_grad_batches must be 1 or more, got {accumulate!r}"
+            )
         if trainer.precision is None:
             trainer.precision = resolve_precision(accelerator)
+
+    def instantiate_classes(self) -> None:
+        """The classes the config names refuse a value (an invalid strategy name, a missing
+        accelerator package, a constructor's check): one line, not a traceback."""
+        try:
+            super().instantiate_classes()
+        except (UserError, MisconfigurationException):
+            raise
+        except (ValueError, TypeError, ImportError) as e:
+            root = e
+            while root.__cause__ or root.__context__:
+                root = root.__cause__ or root.__context__
+            if isinstance(root, UserError):
+                raise root from None
+            message = " ".join(one_line(root).split())[:240]
+            raise UserError(
+                f"building the trainer, model or data from the config failed "
+                f"({type(root).__name__}: {message})"
+            ) from e
 
     def _check_checkpoint_fits_model(self) -> None:
         """Shapes compared before Lightning loads the weights (a size mismatch inside fit
@@ -344,7 +368,12 @@ def argument_error_line(message: str) -> str:
     if not keys:
         return " ".join(message.split())
     key = ".".join(k for k in keys if k != "init_args")
-    return f'Parser key "{key}": {last[-1].strip()}'
+    line = f'Parser key "{key}": {last[-1].strip()}'
+    # Under a union (class_path), the reason is nested below the list of subtypes.
+    problem = re.search(r"- (Problem with given class_path '[^']+'):\s*\n\s*([^\n]+)", message)
+    if problem:
+        line += f" ({problem.group(1)}: {problem.group(2).strip()})"
+    return line
 
 
 def one_line(error: BaseException) -> str:

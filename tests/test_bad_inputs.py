@@ -297,6 +297,12 @@ class FillTheDisk(Callback):
         (["--trainer.accelerator=cpu", "--trainer.devices=0"], "trainer.devices"),
         (["--data.image_size=0"], "data.image_size must be at least"),
         (["--data.synthetic_train_size=20", "--data.batch_size=32"], "fewer than one batch"),
+        (["--model.momentum=-1"], "model.momentum must be in [0, 1)"),
+        (["--model.label_smoothing=2"], "model.label_smoothing must be in [0, 1)"),
+        (["--trainer.accumulate_grad_batches=0"], "accumulate_grad_batches must be 1 or more"),
+        (["--trainer.strategy=bogus"], "invalid strategy name"),
+        (["--data.crop_padding=-1"], "padding must be >= 0"),
+        (["--model.class_path=nope.Module"], "No module named 'nope'"),
     ],
 )
 def test_a_bad_value_is_one_line(in_tmp, capsys, args, expected):

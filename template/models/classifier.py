@@ -65,6 +65,13 @@ class ImageClassifier(pl.LightningModule):
         super().__init__()
         if not lr > 0:
             raise UserError(f"model.lr must be greater than 0, got {lr}")
+        for name, value, low, high in (
+            ("momentum", momentum, 0.0, 1.0),
+            ("weight_decay", weight_decay, 0.0, float("inf")),
+            ("label_smoothing", label_smoothing, 0.0, 1.0),
+        ):
+            if not low <= value < high:
+                raise UserError(f"model.{name} must be in [{low:g}, {high:g}), got {value}")
         if num_classes < 2:
             raise UserError(f"model.num_classes must be at least 2, got {num_classes}")
         if not 0.0 < warmup_fraction < 1.0:

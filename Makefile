@@ -6,6 +6,10 @@
 # make test                      the CPU test suite (GPU tests too where CUDA is present)
 # make test-quick                the same without the subprocess/DDP/learning tests (~1 min)
 # make bench [QUICK=1]           the benchmark suite; results in runs/bench/bench.json
+# make lock                      re-resolve requirements.lock (the versions the tests pass on)
+# make wheelhouse WHEELHOUSE=dir [PLATFORM=manylinux_2_28_x86_64 PYTHON_VERSION=3.12] [SKIP=regex]
+#                                every wheel an offline machine needs, into dir
+# make install WHEELHOUSE=dir    install from that folder, with no network
 
 PYTHON ?= python3
 VENV := .venv
@@ -24,20 +28,52 @@ ARGS ?=
 # Where runs are written (the logger's save_dir); empty: what the config says (runs/).
 RUNS ?=
 PYTEST_ARGS ?=
-# Where runs are written (the logger's save_dir); empty: what the config says (runs/).
-RUNS ?=
 QUICK ?=
 BENCH_OUT ?= runs/bench
 
-.PHONY: install train test test-quick bench lint format clean
+# The exact versions the tests passed on, as pip constraints; LOCK= installs against what
+# the environment already has (a GPU image with its own torch).
+LOCK ?= requirements.lock
+# A folder of wheels (make wheelhouse) to install from instead of the package index.
+WHEELHOUSE ?=
+# make wheelhouse: the target machine (pip's platform tag, Python version); empty: this one.
+PLATFORM ?=
+PYTHON_VERSION ?=
+# make wheelhouse: leave out the locked packages whose names match this regex, for a machine
+# that has them already: SKIP='torch|torchvision|triton|nvidia-.*|cuda-.*'
+SKIP ?=
+
+INSTALL_FROM := $(if $(WHEELHOUSE),--no-index --find-links $(WHEELHOUSE))
+
+.PHONY: install train test test-quick bench lint format clean lock wheelhouse
 
 install: $(STAMP)
 
-# Redone only when pyproject.toml changes (or the venv is missing).
-$(STAMP): pyproject.toml
+# Redone only when pyproject.toml or the lock changes (or the venv is missing).
+$(STAMP): pyproject.toml $(LOCK)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet -e '.[template,dev]'
+	$(PY) -m pip install --quiet $(INSTALL_FROM) -e '.[template,dev]' $(if $(LOCK),-c $(LOCK))
 	@touch $(STAMP)
+
+# Re-resolve on purpose: the newest versions pyproject.toml allows, in a fresh venv; then
+# run `make test` and commit requirements.lock if it passes.
+lock:
+	rm -rf .lock-venv && $(PYTHON) -m venv .lock-venv
+	.lock-venv/bin/python -m pip install --quiet -e '.[template,dev]'
+	{ grep '^#' requirements.lock; \
+	  .lock-venv/bin/python -m pip freeze --exclude-editable; } > requirements.lock.new
+	mv requirements.lock.new requirements.lock && rm -rf .lock-venv
+	@echo "requirements.lock re-resolved: run make test, then commit it"
+
+wheelhouse:
+	@test -n "$(WHEELHOUSE)" || { echo "error: say where: make wheelhouse WHEELHOUSE=dir" >&2; exit 2; }
+	mkdir -p $(WHEELHOUSE)
+	grep -v '^#' $(LOCK) $(if $(SKIP),| grep -Ev '^($(SKIP))==') > $(WHEELHOUSE)/wanted.txt
+	$(PYTHON) -m pip download --quiet --only-binary=:all: --dest $(WHEELHOUSE) \
+	  $(if $(PLATFORM),--platform $(PLATFORM)) \
+	  $(if $(PYTHON_VERSION),--python-version $(PYTHON_VERSION)) \
+	  --no-deps -r $(WHEELHOUSE)/wanted.txt 'setuptools>=68' wheel
+	@echo "$(WHEELHOUSE): $$(ls $(WHEELHOUSE)/*.whl | wc -l) wheels; install with: make install WHEELHOUSE=$(WHEELHOUSE)"
 
 TRAIN_FLAGS := $(if $(filter-out $(DEFAULT_CONFIG),$(CONFIG)),--config $(CONFIG))
 ifneq ($(GPUS),)

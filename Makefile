@@ -52,14 +52,17 @@ install: $(STAMP)
 # Redone only when pyproject.toml or the lock changes (or the venv is missing).
 $(STAMP): pyproject.toml $(LOCK)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet $(INSTALL_FROM) -e '.[template,dev]' $(if $(LOCK),-c $(LOCK))
+	$(PY) -m pip install --quiet $(INSTALL_FROM) uv $(if $(LOCK),-c $(LOCK))
+	$(VENV)/bin/uv pip install --quiet --python $(PY) $(INSTALL_FROM) \
+	  -e '.[template,dev]' $(if $(LOCK),-c $(LOCK))
 	@touch $(STAMP)
 
 # Re-resolve on purpose: the newest versions pyproject.toml allows, in a fresh venv; then
 # run `make test` and commit requirements.lock if it passes.
 lock:
 	rm -rf .lock-venv && $(PYTHON) -m venv .lock-venv
-	.lock-venv/bin/python -m pip install --quiet -e '.[template,dev]'
+	.lock-venv/bin/python -m pip install --quiet uv
+	.lock-venv/bin/uv pip install --quiet --python .lock-venv/bin/python -e '.[template,dev]'
 	{ grep '^#' requirements.lock; \
 	  .lock-venv/bin/python -m pip freeze --exclude-editable; } > requirements.lock.new
 	mv requirements.lock.new requirements.lock && rm -rf .lock-venv

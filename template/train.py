@@ -291,15 +291,26 @@ class TemplateCLI(LightningCLI):
         except (UserError, MisconfigurationException):
             raise
         except (ValueError, TypeError, ImportError) as e:
-            root = e
-            while root.__cause__ or root.__context__:
-                root = root.__cause__ or root.__context__
-            if isinstance(root, UserError):
-                raise root from None
-            message = " ".join(one_line(root).split())[:240]
+            found = _cause(e, UserError)
+            if found is not None:
+                raise found from None
+            chain = [e]
+            while chain[-1].__cause__ or chain[-1].__context__:
+                chain.append(chain[-1].__cause__ or chain[-1].__context__)
+            root = chain[-1]
+            # Older jsonargparse keeps a constructor's error only as text, in the list of
+            # reasons each type of a union (class or None) refused the value.
+            pattern = r"^\s*- (.+?:)?\s*\n?\s*(\S.*)$"  # "- reason", or "- where:" then reason
+            reasons = [
+                f"{where or ''} {reason}".strip()
+                for error in chain
+                for where, reason in re.findall(pattern, str(error), flags=re.MULTILINE)
+                if not reason.startswith("Expected a <class 'NoneType'>")
+            ]
+            message = reasons[0] if reasons else f"{type(root).__name__}: {one_line(root)}"
             raise UserError(
-                f"building the trainer, model or data from the config failed "
-                f"({type(root).__name__}: {message})"
+                "building the trainer, model or data from the config failed "
+                f"({' '.join(message.split())[:240]})"
             ) from e
 
     def _check_checkpoint_fits_model(self) -> None:

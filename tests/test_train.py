@@ -130,7 +130,7 @@ def _one_error_line(capsys) -> str:
 )
 def test_bad_input_is_one_line_and_exit_2(in_tmp, capsys, args, expected):
     assert fit(*args) == 2
-    assert expected in _one_error_line(capsys)
+    assert expected.lower() in _one_error_line(capsys).lower()  # capitals vary by release
     assert not (in_tmp / "runs").exists(), "a refused run must not create a run directory"
 
 

@@ -7,7 +7,7 @@
 # make test-quick                the same without the subprocess/DDP/learning tests (~1 min)
 # make bench [QUICK=1]           the benchmark suite; results in runs/bench/bench.json
 # make lock                      re-resolve requirements.lock (the versions the tests pass on)
-# make wheelhouse WHEELHOUSE=dir [PLATFORM=manylinux_2_28_x86_64 PYTHON_VERSION=3.12] [SKIP=regex]
+# make wheelhouse WHEELHOUSE=dir [PLATFORM="tag ..." PYTHON_VERSION=3.12] [SKIP=regex]
 #                                every wheel an offline machine needs, into dir
 # make install WHEELHOUSE=dir    install from that folder, with no network
 
@@ -36,7 +36,8 @@ BENCH_OUT ?= runs/bench
 LOCK ?= requirements.lock
 # A folder of wheels (make wheelhouse) to install from instead of the package index.
 WHEELHOUSE ?=
-# make wheelhouse: the target machine (pip's platform tag, Python version); empty: this one.
+# make wheelhouse: the target machine (pip platform tags, all the ones it accepts, e.g.
+# "manylinux_2_28_x86_64 manylinux_2_17_x86_64"; and its Python version); empty: this one.
 PLATFORM ?=
 PYTHON_VERSION ?=
 # make wheelhouse: leave out the locked packages whose names match this regex, for a machine
@@ -73,7 +74,7 @@ wheelhouse:
 	mkdir -p $(WHEELHOUSE)
 	grep -v '^#' $(LOCK) $(if $(SKIP),| grep -Ev '^($(SKIP))==') > $(WHEELHOUSE)/wanted.txt
 	$(PYTHON) -m pip download --quiet --only-binary=:all: --dest $(WHEELHOUSE) \
-	  $(if $(PLATFORM),--platform $(PLATFORM)) \
+	  $(foreach p,$(PLATFORM),--platform $(p)) \
 	  $(if $(PYTHON_VERSION),--python-version $(PYTHON_VERSION)) \
 	  --no-deps -r $(WHEELHOUSE)/wanted.txt 'setuptools>=68' wheel
 	@echo "$(WHEELHOUSE): $$(ls $(WHEELHOUSE)/*.whl | wc -l) wheels; install with: make install WHEELHOUSE=$(WHEELHOUSE)"

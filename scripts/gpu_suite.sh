@@ -10,13 +10,21 @@
 # torchmetrics and torchvision installed is enough (nothing is downloaded). Without
 # jsonargparse the tests and the benchmark part that run the entry point say "skipped" /
 # "not run"; everything else runs (tests/test_packages_and_contracts.py checks the
-# collection that way on every CI run). matplotlib is optional.
+# collection that way on every CI run). matplotlib is optional. On a machine without a
+# network, WHEELHOUSE=dir installs the missing pieces first from a folder made elsewhere:
+#   make wheelhouse WHEELHOUSE=dir SKIP='torch|torchvision|triton|nvidia-.*|cuda-.*' \
+#     PLATFORM="manylinux_2_28_x86_64 manylinux_2_17_x86_64" PYTHON_VERSION=3.12
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${1:-runs/gpu_suite}"
 mkdir -p "$out"
 py=python3
 [ -x .venv/bin/python ] && py=.venv/bin/python
+if [ -n "${WHEELHOUSE:-}" ]; then
+    # Against what the machine has (no lock): its own torch and lightning stay.
+    "$py" -m pip install --quiet --no-index --find-links "$WHEELHOUSE" -e '.[template]' \
+        || echo "warning: installing from $WHEELHOUSE failed; the entry point's tests will skip"
+fi
 
 "$py" - <<'PY'
 import torch, lightning

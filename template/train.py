@@ -7,7 +7,9 @@ example's), so training your own is a config edit or ``--model.class_path=my.Mod
 
 - ``trainer.precision: null`` (the default) resolves to bf16 mixed precision on a GPU that
   supports it and to fp32 elsewhere;
-- ``--ckpt_path last`` finds the newest ``last.ckpt`` of this run name under ``runs/``;
+- ``--ckpt_path last`` / ``best`` find the newest good ``last.ckpt`` / the best-scoring
+  checkpoint of this run, with a logger or without; every checkpoint is checked before it
+  loads (``gpu_busy.resume.checkpoint_file``);
 - a mistake a user can fix (a bad key or value, a missing file, more GPUs than exist, a
   path that is not a checkpoint) is one line on stderr and exit code 2, not a traceback,
   and it is caught before any DDP process is spawned.

@@ -21,7 +21,7 @@ Example::
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import lightning.pytorch as pl
 import torch
@@ -81,9 +81,9 @@ class SyncPointDetector(pl.Callback):
         self._first_global_step = 0
         self._reset_run()
 
-    def _reset_run(self) -> None:
+    def _reset_run(self, costs: bool = False) -> None:
         # this rank's sites in this fit; after it, every rank's
-        self.table = SyncSiteTable(compat.LIGHTNING_READS)
+        self.table = SyncSiteTable(compat.LIGHTNING_READS, costs=costs)
         self._step = 0  # batches seen in this fit: the schedule's clock, equal on all ranks
         self._watching = False  # the current window is watched
         self._after_logging = False  # the window began right after a logging step
@@ -100,7 +100,7 @@ class SyncPointDetector(pl.Callback):
     def on_train_start(self, trainer, pl_module) -> None:
         device_type = self.device_type or trainer.strategy.root_device.type
         self.detector = SyncDetector(device_type)
-        self._reset_run()
+        self._reset_run(costs=not self.detector.simulating)
         batches = trainer.estimated_stepping_batches * trainer.accumulate_grad_batches
         if self._fit_first_to_budget and not self.schedule.plan_fit(batches):
             log.info(
@@ -254,7 +254,7 @@ class SyncPointDetector(pl.Callback):
 
     def on_train_end(self, trainer, pl_module) -> None:
         self._stop(keep=False)
-        merged = SyncSiteTable(compat.LIGHTNING_READS)
+        merged = SyncSiteTable(compat.LIGHTNING_READS, costs=self.table.costs)
         for rows in gather_objects(trainer, self.table.rows()):
             merged.merge(rows)
         totals = WatchedSums()
@@ -273,8 +273,21 @@ class SyncPointDetector(pl.Callback):
             f"{_number(self.report['steady_syncs_per_batch'])} in steady state (not logging "
             f"steps); {_cost(self.report)}"
         )
-        report = {"summary": self.report, "sites": merged.rows()}
-        publish(trainer, "syncs", report, [headline, *merged.render()], folder)
+        watched = totals.watched if merged.costs else None
+        step_ms = self.report["step_ms"]
+        sites = [
+            {
+                **row,
+                "idle_after_ms_per_batch": s.idle_per_batch(watched) if watched else None,
+                "host_ms_per_batch": s.host_per_batch(watched) if watched else None,
+            }
+            for s in merged.ranked(watched)
+            for row in [asdict(s)]
+        ]
+        report = {"summary": self.report, "sites": sites}
+        lines = [headline, _cost_line(self.report)]
+        lines += merged.render(watched=watched, step_ms=step_ms)
+        publish(trainer, "syncs", report, lines, folder)
         annotations = github_annotations(list(merged.sites.values()))
         if trainer.is_global_zero and in_github_actions() and annotations:
             # On the pull request's diff. A workflow command must start its own line (a
@@ -289,6 +302,13 @@ class SyncPointDetector(pl.Callback):
             # watched steps per rank x their extra time, against this fit's wall time
             extra_s = totals.watched / trainer.world_size * ratio * plain_s
             amortised = extra_s / max(1e-9, time.perf_counter() - self._fit_start)
+        step_ms = 1e3 * plain_s if plain_s else None
+        costs = None
+        if self.table.costs and totals.watched:
+            costs = [
+                sum(getattr(s, name) for s in self.table.sites.values()) / totals.watched
+                for name in ("idle_after_ms", "host_ms")
+            ]
         return {
             "watched_batches": int(totals.watched / trainer.world_size),
             "steady_watched_batches": int(totals.steady_watched / trainer.world_size),
@@ -300,6 +320,11 @@ class SyncPointDetector(pl.Callback):
             "interval": self.schedule.interval,
             "budget": self.schedule.budget,
             "sites": len(self.table.sites),
+            "step_ms": step_ms,  # a batch's wall time when not watched
+            # GPU idle after syncs and the host's wait in them, per watched batch (None: CPU)
+            "sync_idle_ms_per_batch": costs[0] if costs else None,
+            "sync_idle_share": costs[0] / step_ms if costs and step_ms else None,
+            "sync_host_ms_per_batch": costs[1] if costs else None,
         }
 
 
@@ -337,6 +362,20 @@ def _ratio(a: float, b: float) -> float | None:
 
 def _number(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.2f}"
+
+
+def _cost_line(report: dict) -> str:
+    """What all syncs together cost the GPU: the most removing every one could gain."""
+    idle = report.get("sync_idle_ms_per_batch")
+    if idle is None:
+        return "  cost of the syncs: n/a (no GPU queue on this machine; ranked by count)"
+    share = report.get("sync_idle_share")
+    pct = "n/a" if share is None else f"{100 * share:.1f}%"
+    return (
+        f"  cost of the syncs: {idle:.3f} ms of GPU idle after them per batch ({pct} of a "
+        f"step; removing every one gains at most that; worth it above 5%), host waited "
+        f"{report['sync_host_ms_per_batch']:.3f} ms in them"
+    )
 
 
 def _cost(report: dict) -> str:

@@ -33,6 +33,7 @@ import re
 import sys
 import sysconfig
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -43,6 +44,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakIdKeyDictionary
 
 from gpu_busy.cuda_sync_warnings import cuda_sync_warnings
+from gpu_busy.syncs.costs import SyncTimeline
 from gpu_busy.syncs.rules import (
     ATEN_RULES,
     BACKWARD_RULES,
@@ -69,7 +71,8 @@ class SyncEvent:
     (``"lightning/pytorch/loops/training_epoch_loop.py:269 in _broadcast_sigterm_tensor"``).
     ``via`` is the innermost of those outside torch: the library line that asked for the
     read. ``aten`` is the aten op, when one was seen; ``hint`` what to do instead, from the
-    rule that matched (``gpu_busy.syncs.rules``).
+    rule that matched (``gpu_busy.syncs.rules``). ``host_ms`` and ``idle_after_ms`` are what
+    it cost, on the host clock (``gpu_busy.syncs.costs``; None: not measured).
     """
 
     op: str
@@ -83,6 +86,8 @@ class SyncEvent:
     via: str | None = None
     hint: str = ""
     allowed: str | None = None  # the reason given to allow_syncs around it
+    host_ms: float | None = None
+    idle_after_ms: float | None = None
 
     @property
     def location(self) -> str:
@@ -172,6 +177,8 @@ class SyncDetector:
         self._backward_events = 0  # recorded on the autograd engine's own thread
         self._thread: int | None = None
         self._stack: contextlib.ExitStack | None = None
+        self.timeline = SyncTimeline()  # what each event cost, by its index in events
+        self._untimed: int | None = None  # the event the next counted op runs, to be timed
 
     # -- entering and leaving --
 
@@ -196,6 +203,8 @@ class SyncDetector:
     def __exit__(self, *exc: Any) -> None:
         stack, self._stack = self._stack, None
         self._inside = 0
+        self._untimed = None
+        self.timeline.close()
         self._ops.clear()
         if stack is not None:
             stack.close()
@@ -205,8 +214,13 @@ class SyncDetector:
         return self._stack is not None
 
     def take(self) -> list[SyncEvent]:
-        """The events so far, removing them from ``events``."""
+        """The events so far with what they cost, removing them from ``events``."""
         out, self.events = self.events, []
+        for i, cost in self.timeline.take().items():
+            if i < len(out):
+                out[i] = dataclasses.replace(
+                    out[i], host_ms=cost.host_ms, idle_after_ms=cost.idle_after_ms
+                )
         return out
 
     # -- recording --
@@ -275,9 +289,11 @@ class SyncDetector:
         aten: str | None = None,
         forward: SyncEvent | None = None,
         hint: str = "",
+        timed: bool = True,
     ) -> None:
         """Add an event for ``op`` at the current user frame (or at ``forward``'s: a backward
-        op is attributed to the forward line that built it)."""
+        op is attributed to the forward line that built it). ``timed``: the op runs next,
+        through ``run_op`` or ``timed_call``, which time it."""
         if self._inside:
             return
         if self.simulating and _excused_in_simulation():
@@ -290,6 +306,7 @@ class SyncDetector:
             event = _event_here(op, phase, aten)
         event = dataclasses.replace(event, hint=hint, allowed=_ALLOWED.get())
         self.events.append(event)
+        self._untimed = len(self.events) - 1 if timed else None
         if backward and threading.get_ident() != self._thread:
             self._backward_events += 1
         if self.strict and event.allowed is None:
@@ -307,9 +324,38 @@ class SyncDetector:
             self.internal_errors += 1
             return None
 
-    def run_op(self, func: Callable, args: tuple, kwargs: dict, name: str, counted: bool) -> Any:
-        """Run an op seen by a layer. Inside a ``counted`` one, the ops it runs underneath
-        are this same sync and are not recorded again; ``name`` labels CUDA's warnings."""
+    def run_op(
+        self,
+        func: Callable,
+        args: tuple,
+        kwargs: dict,
+        name: str,
+        counted: bool,
+        entered: float,
+        aten: bool = False,
+    ) -> Any:
+        """Run an op seen by a layer whose handler began at ``entered`` (perf_counter).
+
+        Inside a ``counted`` one, the ops it runs underneath are this same sync and are not
+        recorded again; ``name`` labels CUDA's warnings. The sync just recorded is timed;
+        after one, the layer's own time is kept apart and an ``aten`` op that puts work on
+        the device ends the idle (``gpu_busy.syncs.costs``).
+        """
+        timeline = self.timeline
+        event = None
+        if counted and not self._inside:
+            event, self._untimed = self._untimed, None
+        began = time.perf_counter()
+        timeline.own(entered, began)
+        if event is not None:
+            timeline.began(event, began)
+        elif (
+            aten
+            and timeline.waiting_for_launch
+            and not self._inside
+            and self.guarded(self._launches, func, args, kwargs)
+        ):
+            timeline.launch(began)
         if counted:
             self._inside += 1
         if self._track_ops:
@@ -321,6 +367,29 @@ class SyncDetector:
                 self._ops.pop()
             if counted:
                 self._inside -= 1
+            if event is not None:
+                timeline.returned(time.perf_counter())
+
+    def timed_call(self, func: Callable, *args: Any, **kwargs: Any) -> Any:
+        """Call an explicit synchronize() just recorded, timing it."""
+        event, self._untimed = self._untimed, None
+        if event is not None:
+            self.timeline.began(event, time.perf_counter())
+        try:
+            return func(*args, **kwargs)
+        finally:
+            if event is not None:
+                self.timeline.returned(time.perf_counter())
+
+    def _launches(self, func: Any, args: tuple, kwargs: dict) -> bool:
+        """Whether an aten op puts work on the device: not a view or a bare allocation, and
+        it touches device memory or makes it."""
+        if func.is_view or func.overloadpacket in _NO_KERNEL:
+            return False
+        device = kwargs.get("device")
+        if device is not None and torch.device(device).type == self.device_type:
+            return not self.simulating
+        return any(self.on_device(t) for t in _tensors(args, kwargs))
 
     # -- the CUDA layer --
 
@@ -341,7 +410,7 @@ class SyncDetector:
                 self._backward_events -= 1
                 return
             name = f"{current} (CUDA sync debug)" if current else "a CUDA sync"
-            self.record(name, aten=current)
+            self.record(name, aten=current, timed=False)  # seen after it returned
 
         return cuda_sync_warnings(on_sync)
 
@@ -519,12 +588,15 @@ class _DispatchLayer(TorchDispatchMode):
         self.d = detector
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        entered = time.perf_counter()
         kwargs = kwargs or {}
         d = self.d
         sync = d.guarded(self._observe, func, args, kwargs)
-        out = d.run_op(func, args, kwargs, str(func), counted=bool(sync))
+        out = d.run_op(func, args, kwargs, str(func), bool(sync), entered, aten=True)
+        returned = time.perf_counter()
         if d.simulating and d._host:
             d.guarded(d.follow_inputs, args, kwargs, out)
+        d.timeline.own(returned, time.perf_counter())
         return out
 
     def _observe(self, func, args: tuple, kwargs: dict) -> bool:
@@ -549,6 +621,11 @@ class _DispatchLayer(TorchDispatchMode):
 
 
 _BACKWARD_SYNC = "gpu_busy_backward_sync"
+# aten ops that allocate or alias without a kernel: not the end of an idle after a sync.
+_NO_KERNEL = frozenset(
+    torch.ops.aten.__getattr__(name)
+    for name in ("empty", "empty_strided", "empty_like", "_unsafe_view", "set_", "resize_")
+)
 _BACKWARD = "backward"
 _BACKWARD_CALLS = frozenset({torch.Tensor.backward, torch.autograd.backward, torch.autograd.grad})
 _RECORDED = "gpu_busy_backward_recorded"
@@ -563,26 +640,30 @@ class _FunctionLayer(TorchFunctionMode):
         self.d = detector
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
+        entered = time.perf_counter()
         kwargs = kwargs or {}
         d = self.d
         rule = PYTHON_RULES.get(func)
         if func in _BACKWARD_CALLS:
             # Named, so that CUDA's warnings replayed when it returns can be told apart.
             try:
-                out = d.run_op(func, args, kwargs, _BACKWARD, counted=False)
+                out = d.run_op(func, args, kwargs, _BACKWARD, False, entered)
             finally:
                 d._backward_events = 0
         elif rule is None:
+            d.timeline.own(entered, time.perf_counter())
             out = func(*args, **kwargs)
         else:
             sync = d.guarded(self._observe, rule, args, kwargs)  # None: the rule failed
             owned = bool(sync) or (rule.owns and sync is not None)
-            out = d.run_op(func, args, kwargs, rule.label, counted=owned)
+            out = d.run_op(func, args, kwargs, rule.label, owned, entered)
+        returned = time.perf_counter()
         if func in BACKWARD_RULES:
             d.guarded(self._tag_backward, BACKWARD_RULES[func], args, kwargs, out)
         if d.simulating:
             placed = d.guarded(d.place, func, args, kwargs, out)
             out = out if placed is None else placed
+        d.timeline.own(returned, time.perf_counter())
         return out
 
     def _observe(self, rule: Rule, args: tuple, kwargs: dict) -> bool:
@@ -646,10 +727,14 @@ class _SynchronizeHooks:
     def _wrap(cls, original: Callable, label: str, device: str | None) -> Callable:
         def synchronize(*args, **kwargs):
             me = threading.get_ident()
+            recorded = None
             for d in list(cls._active):
                 if d._thread == me and (device is None or device == d.device_type):
                     d.record(label)
-            return original(*args, **kwargs)
+                    recorded = d
+            if recorded is None:
+                return original(*args, **kwargs)
+            return recorded.timed_call(original, *args, **kwargs)
 
         synchronize.__wrapped__ = original
         return synchronize

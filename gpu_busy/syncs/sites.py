@@ -7,6 +7,8 @@ Example::
         step()
     table.add_all(rec.take(), step=0, logging=False)
     print("\\n".join(table.render()))
+    # on a GPU: ranked by the GPU idle each site caused per watched batch
+    print("\\n".join(table.render(watched=1, step_ms=12.0)))
 
 Tables from several processes merge with ``merge(rows)``: rows are plain dicts, so they
 travel through ``all_gather_object``.
@@ -47,6 +49,11 @@ class SyncSite:
     count: int = 0  # all watched steps
     steady_count: int = 0  # watched steps that were not logging steps
     steps: list[int] = field(default_factory=list)  # first few steps it was seen in
+    # what it cost, summed over the events where it was measured (gpu_busy.syncs.costs)
+    host_ms: float = 0.0
+    host_timed: int = 0
+    idle_after_ms: float = 0.0
+    idle_timed: int = 0
 
     @property
     def key(self) -> tuple[str, int, str, str]:
@@ -56,16 +63,26 @@ class SyncSite:
     def location(self) -> str:
         return SyncEvent(self.op, self.filename, self.lineno).location
 
+    def idle_per_batch(self, watched: int) -> float | None:
+        """GPU idle it caused per watched batch (ms), over the events it was measured for."""
+        return self.idle_after_ms / watched if self.idle_timed and watched else None
+
+    def host_per_batch(self, watched: int) -> float | None:
+        return self.host_ms / watched if self.host_timed and watched else None
+
 
 class SyncSiteTable:
     """Call sites and counts over a run; ``render()`` gives the report lines.
 
     ``chain_hints``: fixes for reads a library makes, by a function in its chain.
+    ``costs``: keep what each sync cost (False in the CPU simulation: there no queue drains,
+    so the host-clock figures are not GPU time).
     """
 
-    def __init__(self, chain_hints: tuple[tuple[str, str], ...] = ()) -> None:
+    def __init__(self, chain_hints: tuple[tuple[str, str], ...] = (), costs: bool = True) -> None:
         self.sites: dict[tuple[str, int, str, str], SyncSite] = {}
         self.chain_hints = chain_hints
+        self.costs = costs
 
     def add_all(self, events: list[SyncEvent], step: int, logging: bool) -> None:
         for e in events:
@@ -78,6 +95,14 @@ class SyncSiteTable:
                 )  # fmt: skip
             site.count += 1
             site.steady_count += 0 if logging else 1
+            if not self.costs:
+                continue
+            if e.host_ms is not None:
+                site.host_ms += e.host_ms
+                site.host_timed += 1
+            if e.idle_after_ms is not None:
+                site.idle_after_ms += e.idle_after_ms
+                site.idle_timed += 1
             if len(site.steps) < 5 and step not in site.steps:
                 site.steps.append(step)
 
@@ -92,19 +117,35 @@ class SyncSiteTable:
             if site is None:
                 self.sites[other.key] = other
             else:
-                site.count += other.count
-                site.steady_count += other.steady_count
+                for name in ("count", "steady_count", "host_ms", "host_timed", "idle_after_ms",
+                             "idle_timed"):  # fmt: skip
+                    setattr(site, name, getattr(site, name) + getattr(other, name))
                 site.steps = sorted(set(site.steps) | set(other.steps))[:5]
 
-    def render(self, limit: int = 20) -> list[str]:
-        """Sites by count, each with its fix. Empty when nothing synced."""
-        ordered = sorted(self.sites.values(), key=lambda s: (-s.steady_count, -s.count, s.location))
+    def ranked(self, watched: int | None = None) -> list[SyncSite]:
+        """Sites by the GPU idle they caused per batch when ``watched`` (the watched batches,
+        summed over ranks) is given and costs were measured, then by count."""
+
+        def key(s: SyncSite) -> tuple:
+            idle = s.idle_per_batch(watched) if watched else None
+            return (-(idle or 0.0), -s.steady_count, -s.count, s.location)
+
+        return sorted(self.sites.values(), key=key)
+
+    def render(
+        self, limit: int = 20, watched: int | None = None, step_ms: float | None = None
+    ) -> list[str]:
+        """Sites ranked (``ranked``), each with its fix and, given ``watched``, its cost per
+        batch and as a share of a step of ``step_ms``. Empty when nothing synced."""
+        ordered = self.ranked(watched)
         lines = []
         for s in ordered[:limit]:
             when = "" if s.steady_count else " (logging steps only)"
             via = f" via {s.via}" if s.via else ""
             steps = ", ".join(map(str, s.steps)) + (", ..." if s.count > len(s.steps) else "")
             lines.append(f"  {s.count:6d}x  {s.location}  [{s.phase}]  {s.op}{when}{via}")
+            if watched:
+                lines.append(f"           cost {_cost_text(s, watched, step_ms)}")
             lines.append(f"           steps {steps}")
             if s.code:
                 lines.append(f"           {s.code}")
@@ -114,6 +155,22 @@ class SyncSiteTable:
         if len(ordered) > limit:
             lines.append(f"  ... and {len(ordered) - limit} more site(s)")
         return lines
+
+
+def _cost_text(site: SyncSite, watched: int, step_ms: float | None) -> str:
+    idle, host = site.idle_per_batch(watched), site.host_per_batch(watched)
+    if idle is None and host is None:
+        return "not measured (seen only after it returned, or at a window's end)"
+    idle_text = host_text = "n/a"
+    if idle is not None:
+        idle_text = f"{idle:.3f} ms/batch"
+        if step_ms:
+            idle_text += f" ({100 * idle / step_ms:.1f}% of a step)"
+        if site.idle_timed < site.count:
+            idle_text += f", measured {site.idle_timed} of {site.count} times"
+    if host is not None:
+        host_text = f"{host:.3f} ms/batch"
+    return f"GPU idle after it {idle_text}; host waited in it {host_text}"
 
 
 def github_annotations(items: list[SyncSite] | list[SyncEvent]) -> list[str]:

@@ -150,7 +150,7 @@ def test_every_documented_metric_is_logged_and_every_logged_one_documented(in_tm
 def test_reports_name_ranks_and_keep_one_name_per_quantity(in_tmp):
     assert main(["fit", "--config", DEFAULT, "--config", DEBUG]) == 0
     idle = json.loads((in_tmp / "runs" / "debug" / "version_0" / "idle.json").read_text())
-    assert [r["rank"] for r in idle["ranks"]] == [0] and idle["schema_version"] == 2
+    assert [r["rank"] for r in idle["ranks"]] == [0] and idle["schema_version"] == 3
     assert "loader_wait_ms" in idle["mean"] and "host_data_wait_ms" not in idle["mean"]
     assert "prefetch" not in idle and "syncs" not in idle  # each callback its own file
 

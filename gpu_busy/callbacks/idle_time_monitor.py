@@ -137,6 +137,14 @@ class IdleTimeMonitor(pl.Callback):
         if self.timer is not None:
             self.timer.start_step()
 
+    def on_before_backward(self, trainer, pl_module, loss) -> None:
+        if self.timer is not None:
+            self.timer.backward_begins()
+
+    def on_after_backward(self, trainer, pl_module) -> None:
+        if self.timer is not None:
+            self.timer.backward_ended()
+
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if self.timer is None:
             return
@@ -199,7 +207,11 @@ class IdleTimeMonitor(pl.Callback):
         if not trainer.is_global_zero:
             return
         report = build_report(
-            per_rank, cuda=self.timer.is_cuda, clock=self.timer.clock, traces=traces
+            per_rank,
+            cuda=self.timer.is_cuda,
+            clock=self.timer.clock,
+            traces=traces,
+            warmup_steps=self.warmup_steps,
         )
         report["trace_overhead_s"] = self.windows.seconds
         picture = None
@@ -214,9 +226,13 @@ class IdleTimeMonitor(pl.Callback):
             )
         report["picture"] = str(picture) if picture else None
         self.report = report
-        path = publish(trainer, "idle", report, render_table(report), self._run_dir)
-        if path is not None:
-            log.info("idle report: %s%s", path, f", picture {picture}" if picture else "")
+        lines = render_table(report)
+        if self._run_dir is not None:
+            lines.append(
+                f"idle report: {self._run_dir / 'idle.json'}"
+                + (f", picture {picture}" if picture else "")
+            )
+        publish(trainer, "idle", report, lines, self._run_dir)
 
     def on_exception(self, trainer, pl_module, exception) -> None:
         self._cleanup()

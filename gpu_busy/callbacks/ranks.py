@@ -29,7 +29,22 @@ log = get_logger(__name__)
 
 # The version of the layout of idle.json, syncs.json and prefetch.json: raised when a key
 # changes meaning or goes, so a CI threshold script can tell.
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
+
+# Reports held back for the end-of-fit output, by trainer: RunSummary prints them under
+# its verdict line, so that the output starts with what bounds the run.
+_HELD: dict[int, list[tuple[str, dict, list[str]]]] = {}
+
+
+def hold_reports(trainer: pl.Trainer) -> None:
+    """From now on ``publish`` writes its files at once and keeps its lines for
+    ``held_reports`` (rank zero)."""
+    _HELD[id(trainer)] = []
+
+
+def held_reports(trainer: pl.Trainer) -> list[tuple[str, dict, list[str]]]:
+    """The (name, report, lines) published since ``hold_reports``, and stop holding."""
+    return _HELD.pop(id(trainer), [])
 
 
 def gather_rows(trainer: pl.Trainer, row: list[float]) -> list[list[float]]:
@@ -86,18 +101,23 @@ def run_dir(trainer: pl.Trainer) -> Path | None:
 def publish(
     trainer: pl.Trainer, name: str, report: dict, lines: list[str], folder: Path | None = None
 ) -> Path | None:
-    """Rank zero logs ``lines`` and writes ``report`` to ``<run dir>/<name>.json``.
+    """Rank zero writes ``report`` to ``<run dir>/<name>.json`` and logs ``lines`` (or holds
+    them: ``hold_reports``).
 
     ``folder`` is the run directory, asked for earlier on every rank (``run_dir``); None
     writes no file. Returns the file written.
     """
     if not trainer.is_global_zero:
         return None
-    for line in lines:
-        log.info("%s", line)
-    if folder is None:
-        return None
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{name}.json"
-    path.write_text(json.dumps({"schema_version": SCHEMA_VERSION, **report}, indent=1))
+    path = None
+    if folder is not None:
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"{name}.json"
+        path.write_text(json.dumps({"schema_version": SCHEMA_VERSION, **report}, indent=1))
+    held = _HELD.get(id(trainer))
+    if held is not None:
+        held.append((name, report, lines))
+    else:
+        for line in lines:
+            log.info("%s", line)
     return path

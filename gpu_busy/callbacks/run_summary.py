@@ -1,13 +1,18 @@
-"""A one-paragraph summary at the end of fit, written once by rank zero.
+"""The end-of-fit output, written once by rank zero: a verdict line, the reports, a summary.
 
-Figures are reduced over all ranks first (on every rank, so the collective never sits
-inside a rank-zero-only function), then rank zero writes them. The score it reports is
-the one the best-checkpoint callback monitors (``ModelCheckpoint(monitor=...)``), so the
-metric that judges a run is named in one place.
+The other callbacks' reports (prefetch, sync points, idle time) are held back during fit
+and printed here, under one line that says what bounds the run (``gpu_busy.verdict``,
+from the idle and sync reports), then a one-paragraph summary. Figures are reduced over
+all ranks first (on every rank, so the collective never sits inside a rank-zero-only
+function). The score it reports is the one the best-checkpoint callback monitors
+(``ModelCheckpoint(monitor=...)``), so the metric that judges a run is named in one place.
+Throughput goes to ``run.json`` for ``python -m gpu_busy.compare``.
 
 Example::
 
-    trainer = Trainer(callbacks=[RunSummary()])
+    trainer = Trainer(callbacks=[IdleTimeMonitor(), RunSummary()])
+    # 12:01:07 INFO verdict: bound by data loading: the device waited 41.20 ms per batch ...
+    # 12:01:07 INFO idle time: ...
     # 12:01:07 INFO fit done in 95.2 s: 3 epochs, 234 steps, 59,904 samples over 2 processes,
     #          2,410 samples/s while training; val/acc 0.951; best checkpoint runs/...
 """
@@ -21,8 +26,9 @@ from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities.data import extract_batch_size
 
-from gpu_busy.callbacks.ranks import gather_rows
+from gpu_busy.callbacks.ranks import gather_rows, held_reports, hold_reports, publish, run_dir
 from gpu_busy.log import get_logger
+from gpu_busy.verdict import decide
 
 log = get_logger(__name__)
 
@@ -36,12 +42,17 @@ class RunSummary(pl.Callback):
         self._fit_start = 0.0
         self._val_start = 0.0
         self._val_seconds = 0.0
+        self._summary: tuple[dict, str] | None = None  # (run.json, the paragraph)
+        self._run_dir = None
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._samples, self._val_seconds = 0, 0.0
+        self._samples, self._val_seconds, self._summary = 0, 0.0, None
         self._fit_start = time.perf_counter()
+        if trainer.is_global_zero:
+            hold_reports(trainer)
         # trainer.log_dir is broadcast from rank zero: the same directory on every rank.
         log_dir = trainer.log_dir
+        self._run_dir = run_dir(trainer)
         log.info(
             "run directory %s; %d process(es) on %s, precision %s",
             log_dir,
@@ -75,6 +86,15 @@ class RunSummary(pl.Callback):
         train_seconds = max(max(r[1] for r in rows), 1e-9)  # the longest of the ranks
         steps = trainer.global_step - self._first_step
         resumed = f", resumed at step {self._first_step}" if self._first_step else ""
+        run = {
+            "seconds": elapsed,
+            "train_seconds": train_seconds,
+            "steps": steps,
+            "world_size": trainer.world_size,
+            "samples": samples if countable else None,
+            "samples_per_s": samples / train_seconds if countable else None,
+            "steps_per_s": steps / train_seconds,
+        }
         rate = (
             f"{samples:,} samples, {samples / train_seconds:,.0f} samples/s while training"
             if countable
@@ -93,7 +113,25 @@ class RunSummary(pl.Callback):
                 parts.append(f"{best.monitor} {float(score):.4f}")
             if best.best_model_path:
                 parts.append(f"best checkpoint {best.best_model_path}")
-        log.info("; ".join(parts))
+        self._summary = (run, "; ".join(parts))
+
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        """After every callback's on_fit_end: the verdict, the held reports, the summary."""
+        held = held_reports(trainer)
+        if stage != "fit" or not trainer.is_global_zero:
+            return
+        reports = {name: report for name, report, _ in held}
+        if self._summary is not None and "idle" in reports:
+            verdict = decide(reports["idle"], reports.get("syncs"))
+            log.info("%s", verdict.line)
+            self._summary[0]["verdict"] = {"cause": verdict.cause, "share": verdict.share}
+        for _, _, lines in held:
+            for line in lines:
+                log.info("%s", line)
+        if self._summary is not None:
+            run, paragraph = self._summary
+            self._summary = None
+            publish(trainer, "run", run, [paragraph], self._run_dir)
 
 
 def _best_checkpoint(trainer: pl.Trainer) -> ModelCheckpoint | None:

@@ -285,7 +285,7 @@ class SyncPointDetector(pl.Callback):
             for row in [asdict(s)]
         ]
         report = {"summary": self.report, "sites": sites}
-        lines = [headline, _cost_line(self.report)]
+        lines = [headline] + ([_cost_line(self.report)] if merged.sites else [])
         lines += merged.render(watched=watched, step_ms=step_ms)
         publish(trainer, "syncs", report, lines, folder)
         annotations = github_annotations(list(merged.sites.values()))

@@ -22,6 +22,7 @@ from typing import Any
 
 from gpu_busy.idle.intervals import CAUSES
 from gpu_busy.idle.stats import IdleStats, StepSeries
+from gpu_busy.verdict import THRESHOLDS
 from gpu_busy.window_sums import mean_and_max
 
 _CAUSE_LABELS = {
@@ -33,13 +34,19 @@ _CAUSE_LABELS = {
 
 
 def build_report(
-    per_rank: list[IdleStats], *, cuda: bool, clock: str, traces: list[dict] | None = None
+    per_rank: list[IdleStats],
+    *,
+    cuda: bool,
+    clock: str,
+    traces: list[dict] | None = None,
+    warmup_steps: int = 0,
 ) -> dict[str, Any]:
     ranks = [s.means(cuda) for s in per_rank]
     mean, rank_max = mean_and_max(ranks)  # as the metrics reduce them
     return {
         "clock": clock,
         "world_size": len(per_rank),
+        "warmup_steps": warmup_steps,
         "steps": per_rank[0].steps if per_rank else 0,
         "timed_steps": per_rank[0].timed_steps if per_rank else 0,
         "mean": mean,
@@ -50,32 +57,44 @@ def build_report(
 
 
 def render_table(report: dict[str, Any]) -> list[str]:
-    """The report as aligned text lines: the mean over ranks and, under DDP, the largest
-    value of any rank."""
+    """The report as aligned text lines: the mean over ranks, under DDP the largest value of
+    any rank, and the share of a step at which a figure becomes a problem (the verdict's
+    thresholds, ``gpu_busy.verdict.THRESHOLDS``)."""
     mean, most = report["mean"], report["rank_max"]
     many = report["world_size"] > 1
-    head = f"{'per batch':<34}{'mean':>10}" + (f"{'rank max':>10}" if many else "")
+    cuda = report["clock"] == "cuda events"
+    head = f"{'per batch':<36}{'mean':>18}" + (f"{'rank max':>18}" if many else "")
     lines = [
-        f"idle time: {report['steps']} training batches, {report['world_size']} rank(s), "
-        f"timed by {report['clock']}",
-        head,
+        f"idle time: {report['steps']} training batches after the first "
+        f"{report.get('warmup_steps', 0)} (warm-up, left out), {report['world_size']} "
+        f"rank(s), timed by {report['clock']}",
+        f"{head}   problem above",
     ]
 
-    def row(label: str, key: str, unit: str = " ms") -> None:
-        text = f"{label:<34}{_fmt(mean.get(key), unit):>10}"
-        if many:
-            text += f"{_fmt(most.get(key), unit):>10}"
-        lines.append(text)
+    def row(label: str, key: str, problem: float | None = None, share: bool = True) -> None:
+        cells = [_cell(fig.get(key), fig.get("step_ms") if share else None) for fig in (mean, most)]
+        text = f"{label:<36}{cells[0]:>18}" + (f"{cells[1]:>18}" if many else "")
+        lines.append(text + (f"   {100 * problem:.0f}% of a step" if problem else ""))
 
-    row("idle share of device time", "idle_pct", "%")
+    row("step on the device, all told", "step_ms", share=False)
     row("idle between steps", "idle_ms")
+    causes = {"data_wait": "data", "sync_stall": "syncs", "launch_bound": "launches"}
     for cause in CAUSES:
-        row(f"  {_CAUSE_LABELS[cause]}", f"idle_{cause}_ms")
-    row("batch transfer on compute stream", "transfer_ms")
-    row("step on the device", "device_ms")
-    row("host: step", "host_step_ms")
-    row("host: wait for the DataLoader", "loader_wait_ms")
-    row("syncs started (CUDA sync debug)", "cuda_syncs_per_batch", "")
+        # On a host clock, "other" holds all the host's work between steps.
+        problem = THRESHOLDS.get(causes.get(cause, "host"))
+        row(f"  {_CAUSE_LABELS[cause]}", f"idle_{cause}_ms", problem)
+    row(
+        "batch transfer on the compute stream",
+        "transfer_ms",
+        THRESHOLDS["copies"] if cuda else None,
+    )
+    row("the step itself", "device_ms")
+    if cuda:  # on a host clock these equal the rows above
+        row("host: step", "host_step_ms", share=False)
+        row("host: wait for the DataLoader", "loader_wait_ms", share=False)
+        row("syncs per batch (CUDA sync debug, all)", "cuda_syncs_per_batch", share=False)
+    if many:
+        row("host: backward (holds DDP waits)", "host_backward_ms", share=False)
     for t in report.get("traces", []):
         if not t.get("device_events"):
             lines.append(f"trace {t.get('path', '')}: no device activity (a CPU run): n/a")
@@ -162,3 +181,10 @@ def _mean_by_step(series: dict[int, list[list[float]]]) -> list[list[float]]:
 
 def _fmt(value: float | None, unit: str) -> str:
     return "n/a" if value is None else f"{value:.2f}{unit}"
+
+
+def _cell(ms: float | None, step_ms: float | None) -> str:
+    """``"2.16 ms (0.9%)"``: a time per batch and its share of the step; n/a where unknown."""
+    if ms is None:
+        return "n/a"
+    return f"{ms:.2f} ms" + (f" ({100 * ms / step_ms:.1f}%)" if step_ms else "")

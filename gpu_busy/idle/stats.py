@@ -32,6 +32,7 @@ GPU_ONLY = ("idle_sync_stall_ms", "idle_launch_bound_ms")
 class IdleStats(WindowSums):
     steps: int = 0  # steps read back
     host_ms: float = 0.0
+    host_backward_ms: float = 0.0
     loader_wait_ms: float = 0.0  # the host's wait for the DataLoader
     timed_steps: int = 0  # steps with device figures and a step boundary before them
     device_ms: float = 0.0
@@ -46,6 +47,7 @@ class IdleStats(WindowSums):
     def add_step(self, t: StepTiming) -> None:
         self.steps += 1
         self.host_ms += t.host_ms
+        self.host_backward_ms += t.host_backward_ms
         self.loader_wait_ms += t.loader_wait_ms
         self.syncs += t.syncs
         if t.idle_ms is None or t.device_ms is None:
@@ -64,10 +66,12 @@ class IdleStats(WindowSums):
         wall = self.idle_ms + self.transfer_ms + self.device_ms
         out: dict[str, float | None] = {
             "idle_pct": 100.0 * self.idle_ms / wall if m and wall > 0 else None,
+            "step_ms": wall / m if m else None,  # idle + transfer + the step: the period
             "idle_ms": self.idle_ms / m if m else None,
             "device_ms": self.device_ms / m if m else None,
             "transfer_ms": self.transfer_ms / m if m else None,
             "host_step_ms": self.host_ms / n if n else None,
+            "host_backward_ms": self.host_backward_ms / n if n else None,
             "loader_wait_ms": self.loader_wait_ms / n if n else None,
         }
         for cause in CAUSES:

@@ -50,6 +50,8 @@ class StepTiming:
     idle_ms: float | None  # None: the gap before was not a step boundary (epoch start...)
     causes: dict[str, float | None] = field(default_factory=dict)
     syncs: int = 0  # syncs the host started from the previous step's start to this one's
+    # host time in backward(): under DDP on gloo it holds the wait for slower ranks
+    host_backward_ms: float = 0.0
 
 
 class _HostEvent:
@@ -93,6 +95,8 @@ class _Step:
     h_ready: float | None = None
     h_start: float = 0.0
     h_end: float = 0.0
+    h_backward: float = 0.0  # seconds in backward()
+    h_backward_from: float | None = None
     waits: list[Interval] = field(default_factory=list)
     syncs: list[float] = field(default_factory=list)
 
@@ -175,6 +179,16 @@ class StepTimer:
         self._last_end, self._gap_ready, self._h_ready, self._gap_waits = None, None, None, []
         self._h_last_start = h_start
         self._steps += 1
+
+    def backward_begins(self) -> None:
+        if self._current is not None:
+            self._current.h_backward_from = time.perf_counter()
+
+    def backward_ended(self) -> None:
+        step = self._current
+        if step is not None and step.h_backward_from is not None:
+            step.h_backward += time.perf_counter() - step.h_backward_from
+            step.h_backward_from = None
 
     def end_step(self) -> None:
         step = self._current
@@ -275,6 +289,7 @@ class StepTimer:
             idle_ms=idle,
             causes=self._attribute(step, idle, idle_end),
             syncs=len(step.syncs),
+            host_backward_ms=1e3 * step.h_backward,
         )
 
     def _attribute(

@@ -6,6 +6,8 @@
 # make test                      the CPU test suite (GPU tests too where CUDA is present)
 # make test-quick                the same without the subprocess/DDP/learning tests (~1 min)
 # make bench [QUICK=1]           the benchmark suite; results in runs/bench/bench.json
+# make compare A=runs/default/version_0 B=runs/default/version_1 [THRESHOLD=0.05]
+#                                two runs side by side; exit 1 when B is worse than A
 # make lock                      re-resolve requirements.lock (the versions the tests pass on)
 # make wheelhouse WHEELHOUSE=dir [PLATFORM="tag ..." PYTHON_VERSION=3.12] [SKIP=regex]
 #                                every wheel an offline machine needs, into dir
@@ -29,6 +31,10 @@ ARGS ?=
 RUNS ?=
 PYTEST_ARGS ?=
 QUICK ?=
+# make compare: the run directories, and the largest throughput drop allowed (a fraction)
+A ?=
+B ?=
+THRESHOLD ?= 0.05
 BENCH_OUT ?= runs/bench
 
 # The exact versions the tests passed on, as pip constraints; LOCK= installs against what
@@ -46,7 +52,7 @@ SKIP ?=
 
 INSTALL_FROM := $(if $(WHEELHOUSE),--no-index --find-links $(WHEELHOUSE))
 
-.PHONY: install train test test-quick bench lint format clean lock wheelhouse
+.PHONY: install train test test-quick bench compare lint format clean lock wheelhouse
 
 install: $(STAMP)
 
@@ -107,6 +113,10 @@ test-quick: install
 
 bench: install
 	$(PY) -m bench $(if $(QUICK),--quick) --out $(BENCH_OUT)
+
+compare: install
+	@test -n "$(A)" -a -n "$(B)" || { echo "error: say which runs: make compare A=runs/default/version_0 B=runs/default/version_1" >&2; exit 2; }
+	$(PY) -m gpu_busy.compare $(A) $(B) --threshold $(THRESHOLD)
 
 lint: install
 	$(PY) -m ruff check .

@@ -168,8 +168,8 @@ def _syncs_seen(syncs: dict | None, cuda: bool) -> str:
     if cuda or not steady:
         return ""
     return (
-        f" ({steady:.2f} syncs per steady batch were found: free on a CPU, n/a here; on a "
-        "GPU each one drains the queue: see the sync report)"
+        f" ({steady:.2f} syncs per steady batch found: they cost nothing on a CPU; on a GPU "
+        "each one drains the queue: see the sync report)"
     )
 
 

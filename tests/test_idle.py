@@ -221,6 +221,27 @@ def test_host_clock_timer_measures_data_wait_idle_and_step_time():
     assert 50 < means["idle_pct"] < 80  # 20 ms of data per 10 ms of compute
 
 
+def test_the_last_steps_wait_is_the_read_that_ends_the_data():
+    # Lightning fetches one batch ahead: the gap before the last step holds only the read
+    # that raises StopIteration (a DataLoader shutting its workers down). It is data time.
+    def loader():
+        yield from range(3)
+        time.sleep(0.02)
+
+    timer = StepTimer("cpu")
+    batches = iter(TimedReads(loader(), timer))
+    current, done = next(batches), []
+    while current is not None:
+        upcoming = next(batches, None)  # the one-ahead fetch, in the gap before the step
+        timer.start_step()
+        timer.end_step()
+        done += timer.poll()
+        current = upcoming
+    last = done[-1]
+    assert last.loader_wait_ms >= 19.5
+    assert last.causes["data_wait"] == pytest.approx(last.idle_ms, abs=0.5)
+
+
 def test_a_broken_gap_gives_no_idle_figure():
     timer = StepTimer("cpu")
     timer.start_step()

@@ -328,6 +328,10 @@ class TimedReads(Iterator):
 
     def __next__(self) -> Any:
         t0 = time.perf_counter()
-        item = next(self._source)  # StopIteration passes through: not a wait for data
-        self._timer.loader_wait(t0, time.perf_counter())
+        try:
+            item = next(self._source)
+        finally:
+            # The read that ends the epoch is a wait for the DataLoader too (its shutdown):
+            # before the last step, Lightning's one-ahead fetch makes only that read.
+            self._timer.loader_wait(t0, time.perf_counter())
         return item

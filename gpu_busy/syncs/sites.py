@@ -95,16 +95,14 @@ class SyncSiteTable:
                 )  # fmt: skip
             site.count += 1
             site.steady_count += 0 if logging else 1
-            if not self.costs:
-                continue
-            if e.host_ms is not None:
-                site.host_ms += e.host_ms
-                site.host_timed += 1
-            if e.idle_after_ms is not None:
-                site.idle_after_ms += e.idle_after_ms
-                site.idle_timed += 1
             if len(site.steps) < 5 and step not in site.steps:
                 site.steps.append(step)
+            if self.costs and e.host_ms is not None:
+                site.host_ms += e.host_ms
+                site.host_timed += 1
+            if self.costs and e.idle_after_ms is not None:
+                site.idle_after_ms += e.idle_after_ms
+                site.idle_timed += 1
 
     def rows(self) -> list[dict]:
         return [asdict(s) for s in self.sites.values()]

@@ -1,0 +1,70 @@
+"""python -m gpu_busy.compare: two runs side by side, and an exit status CI can gate on."""
+
+from __future__ import annotations
+
+import json
+
+import lightning.pytorch as pl
+import pytest
+from lightning.pytorch.loggers import CSVLogger
+
+from gpu_busy.callbacks import IdleTimeMonitor, RunSummary, SyncPointDetector
+from gpu_busy.compare import main
+from tests.bound_runs import SyncFreeBlobClassifier
+from tests.foreign_modules import BlobClassifier, BlobData
+
+
+def fit(folder, model) -> str:
+    pl.seed_everything(0)
+    trainer = pl.Trainer(
+        accelerator="cpu", max_epochs=2, logger=CSVLogger(folder), enable_progress_bar=False,
+        enable_model_summary=False, enable_checkpointing=False, num_sanity_val_steps=0,
+        limit_val_batches=0,
+        callbacks=[SyncPointDetector(first_steps=6), IdleTimeMonitor(warmup_steps=2),
+                   RunSummary()],
+    )  # fmt: skip
+    trainer.fit(model, BlobData())
+    return trainer.log_dir
+
+
+def test_two_real_runs_before_and_after_a_sync_fix(tmp_path, capsys):
+    # A: prog_bar=True values and torchmetrics called per step (reads each step). B: the
+    # same model logging on-device tensors.
+    before = fit(tmp_path / "a", BlobClassifier(num_classes=5))
+    after = fit(tmp_path / "b", SyncFreeBlobClassifier(num_classes=5))
+    # Throughput on a shared CPU is noise here: gate on the syncs alone.
+    assert main([before, after, "--threshold", "0.99"]) == 0
+    out = capsys.readouterr().out
+    (row,) = [x for x in out.splitlines() if x.startswith("syncs per steady batch")]
+    a_syncs, b_syncs = row.split()[4:6]
+    assert float(a_syncs) >= 2 and b_syncs == "0.00", row
+    assert "A top sync sites: " in out and "bincount" in out and "B top sync sites: none" in out
+    assert "A verdict: bound by" in out and list((tmp_path / "b").rglob("compare.png"))
+    # The other way round, B brings the syncs back: exit 1, saying why.
+    assert main([after, before, "--threshold", "0.99", "--picture", ""]) == 1
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last == (
+        f"worse: B is worse than A: syncs per steady batch 0.00 -> {a_syncs} (threshold +0.5)"
+    )
+
+
+def write_run(folder, samples_per_s: float) -> str:
+    folder.mkdir()
+    (folder / "run.json").write_text(json.dumps({"samples_per_s": samples_per_s}))
+    return str(folder)
+
+
+@pytest.mark.parametrize(("b_rate", "status"), [(96.0, 0), (94.0, 1)])
+def test_a_throughput_drop_beyond_the_threshold_fails(tmp_path, capsys, b_rate, status):
+    a, b = write_run(tmp_path / "a", 100.0), write_run(tmp_path / "b", b_rate)
+    assert main([a, b]) == status
+    out = capsys.readouterr().out
+    assert ("samples/s -6.0% (threshold -5%)" in out) == bool(status)
+    assert "n/a" in out  # no idle or sync report: their rows say so, no picture
+
+
+def test_a_folder_without_reports_is_one_line(tmp_path):
+    with pytest.raises(SystemExit, match=r"holds no run\.json"):
+        main([str(tmp_path), str(tmp_path)])
+    with pytest.raises(SystemExit, match="not a directory"):
+        main([str(tmp_path / "missing"), str(tmp_path)])

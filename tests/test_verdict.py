@@ -1,0 +1,141 @@
+"""The verdict: its rule on scripted reports, and on runs made to be bound each way."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import lightning.pytorch as pl
+import pytest
+from lightning.pytorch.loggers import CSVLogger
+
+from gpu_busy.callbacks import IdleTimeMonitor, RunSummary, SyncPointDetector
+from gpu_busy.verdict import THRESHOLDS, decide
+from tests.bound_runs import SlowBlobData, WideBlobClassifier
+from tests.conftest import DEBUG, DEFAULT, run_entry_point
+from tests.foreign_modules import BlobClassifier, BlobData
+
+
+def gpu_report(**figures) -> dict:
+    """An idle report as a GPU run writes it: 10 ms steps unless told otherwise."""
+    mean = {
+        "idle_ms": 0.0, "transfer_ms": 0.0, "device_ms": 10.0, "idle_data_wait_ms": 0.0,
+        "idle_sync_stall_ms": 0.0, "idle_launch_bound_ms": 0.0, "idle_other_ms": 0.0,
+    }  # fmt: skip
+    mean.update(figures)
+    mean["idle_ms"] = sum(mean[f"idle_{c}_ms"] for c in ("data_wait", "sync_stall",
+                                                           "launch_bound", "other"))  # fmt: skip
+    return {"clock": "cuda events", "world_size": 1, "mean": mean, "ranks": [mean]}
+
+
+@pytest.mark.parametrize(
+    ("figures", "cause"),
+    [
+        ({"idle_data_wait_ms": 3.0}, "data"),
+        ({"idle_sync_stall_ms": 2.0, "idle_data_wait_ms": 1.0}, "syncs"),  # the larger
+        ({"idle_launch_bound_ms": 1.0}, "launches"),
+        ({"idle_other_ms": 1.0}, "host"),
+        ({"transfer_ms": 2.0}, "copies"),
+        ({"idle_data_wait_ms": 0.4, "idle_other_ms": 0.4}, "device"),  # each below 5%
+    ],
+)
+def test_the_largest_cause_at_or_above_its_threshold_bounds_a_gpu_run(figures, cause):
+    verdict = decide(gpu_report(**figures))
+    assert verdict.cause == cause, verdict.line
+    assert verdict.line.startswith("verdict: bound by ") and "First try:" in verdict.line
+    if cause != "device":
+        assert f"a problem above {100 * THRESHOLDS[cause]:.0f}%" in verdict.line
+
+
+def test_the_sync_verdict_names_the_costliest_site_and_its_cost():
+    syncs = {
+        "summary": {"steady_syncs_per_batch": 2.0},
+        "sites": [{"op": "Tensor.item()", "filename": "model.py", "lineno": 42,
+                   "idle_after_ms_per_batch": 1.5}],
+    }  # fmt: skip
+    line = decide(gpu_report(idle_sync_stall_ms=1.6), syncs).line
+    assert "host syncs" in line and "Tensor.item() at model.py:42" in line and "1.50 ms" in line
+
+
+def test_a_cpu_run_never_blames_what_a_host_clock_cannot_see():
+    report = gpu_report(idle_other_ms=0.1)
+    report["clock"] = "host clock"
+    for key in ("idle_sync_stall_ms", "idle_launch_bound_ms"):
+        report["mean"][key] = None
+    report["mean"]["transfer_ms"] = 2.0  # host work on a CPU, not a copy
+    syncs = {"summary": {"steady_syncs_per_batch": 1.0}, "sites": []}
+    verdict = decide(report, syncs)
+    assert verdict.cause == "host" and "copies" not in verdict.line
+    assert "1.00 syncs per steady batch found" in verdict.line
+    assert decide(None).cause == "unknown" and "n/a" in decide({"mean": {}}).line
+
+
+def test_one_slow_rank_is_named_from_the_loader_or_the_backward_wait():
+    fast = {"rank": 0, "loader_wait_ms": 0.1, "host_backward_ms": 6.0}
+    slow = {"rank": 1, "loader_wait_ms": 0.1, "host_backward_ms": 1.0}
+    report = gpu_report()
+    report.update(world_size=2, ranks=[fast, slow])
+    verdict = decide(report)
+    assert verdict.cause == "slow_rank" and "rank 1" in verdict.line and "backward" in verdict.line
+    data = [dict(fast, host_backward_ms=1.0), dict(slow, loader_wait_ms=4.0)]
+    report["ranks"] = data
+    assert "rank 1" in decide(report).line and "DataLoader" in decide(report).line
+    report["ranks"] = [dict(fast, host_backward_ms=1.5), slow]  # 0.5 ms: 5% < 10%
+    assert decide(report).cause == "device"
+
+
+# -- runs made to be bound, on the CPU -------------------------------------------------------
+
+
+def fit_and_read(tmp_path, model, data, caplog) -> tuple[dict, list[str]]:
+    pl.seed_everything(0)
+    trainer = pl.Trainer(
+        accelerator="cpu", max_epochs=2, logger=CSVLogger(tmp_path), enable_progress_bar=False,
+        enable_model_summary=False, enable_checkpointing=False, num_sanity_val_steps=0,
+        limit_val_batches=0,
+        callbacks=[SyncPointDetector(), IdleTimeMonitor(warmup_steps=3), RunSummary()],
+    )  # fmt: skip
+    with caplog.at_level(logging.INFO, logger="gpu_busy"):
+        trainer.fit(model, data)
+    run = json.loads((tmp_path / "lightning_logs" / "version_0" / "run.json").read_text())
+    return run, [r.getMessage() for r in caplog.records]
+
+
+def test_a_slow_dataloader_is_called_data_loading(tmp_path, caplog):
+    run, lines = fit_and_read(tmp_path, BlobClassifier(num_classes=5), SlowBlobData(20), caplog)
+    assert run["verdict"]["cause"] == "data", lines
+    # The end-of-fit output starts with the verdict, then the reports, then the summary.
+    starts = [next(i for i, x in enumerate(lines) if x.startswith(p))
+              for p in ("verdict:", "sync points:", "idle time:", "fit done")]  # fmt: skip
+    assert starts == sorted(starts)
+
+
+def test_an_item_per_step_on_a_cpu_is_not_blamed_but_is_reported(tmp_path, caplog):
+    model = WideBlobClassifier(features=64, item_every_step=True)
+    run, lines = fit_and_read(tmp_path, model, BlobData(features=64, batch_size=128), caplog)
+    (verdict,) = [x for x in lines if x.startswith("verdict:")]
+    # A CPU has no queue to drain: the reads cost nothing here, and the line says so.
+    assert run["verdict"]["cause"] != "syncs" and "syncs per steady batch found" in verdict
+
+
+def test_a_tiny_model_is_bound_by_the_hosts_work_between_steps(tmp_path, caplog):
+    data = BlobData(batch_size=8)  # many cheap steps: the loop's fixed cost shows
+    run, lines = fit_and_read(tmp_path, BlobClassifier(num_classes=5), data, caplog)
+    assert run["verdict"]["cause"] == "host", [x for x in lines if x.startswith("verdict")]
+
+
+@pytest.mark.slow
+def test_one_slow_rank_under_two_process_ddp_is_named(tmp_path):
+    result = run_entry_point(
+        ["fit", "--config", DEFAULT, "--config", DEBUG,
+         "--model.class_path=tests.bound_runs.SlowRankClassifier",
+         "--data.class_path=tests.foreign_modules.BlobData",
+         "--trainer.accelerator=cpu", "--trainer.devices=2", "--trainer.max_epochs=3",
+         "--trainer.limit_train_batches=null"],
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    (verdict,) = [x for x in result.stderr.splitlines() if "verdict:" in x]
+    assert "one slow rank: rank 1" in verdict, verdict
+    run = json.loads((tmp_path / "runs" / "debug" / "version_0" / "run.json").read_text())
+    assert run["verdict"]["cause"] == "slow_rank" and run["world_size"] == 2

@@ -36,6 +36,7 @@ ROWS = (
     ),
     ("batch transfer on the compute stream", "idle", ("mean", "transfer_ms"), " ms", False),
     ("the step itself", "idle", ("mean", "device_ms"), " ms", False),
+    ("syncs per batch, logging steps too", "syncs", ("summary", "syncs_per_batch"), "", False),
     ("syncs per steady batch", "syncs", ("summary", "steady_syncs_per_batch"), "", False),
     ("GPU idle after syncs, per batch", "syncs", ("summary", "sync_idle_ms_per_batch"), " ms",
      False),

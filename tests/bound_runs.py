@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, default_collate
 
+from template.models import ImageClassifier
 from tests.foreign_modules import BlobClassifier, BlobData
 
 
@@ -86,4 +87,17 @@ class SyncFreeBlobClassifier(BlobClassifier):
         loss = F.cross_entropy(logits, batch["y"])
         accuracy = (logits.argmax(dim=1) == batch["y"]).float().mean()
         self.log_dict({"train/loss": loss, "train/acc": accuracy})
+        return loss
+
+
+class ProgBarImageClassifier(ImageClassifier):
+    """The template's model written the common way: per-step values logged with
+    ``prog_bar=True`` and the accuracy called per step (the "before" of a sync fix)."""
+
+    def training_step(self, batch, batch_idx: int) -> torch.Tensor:
+        images, labels = batch
+        logits = self(images)
+        loss = F.cross_entropy(logits, labels, label_smoothing=self.hparams.label_smoothing)
+        self.log("train/loss", loss, prog_bar=True)
+        self.log("train/acc", self.train_acc(logits, labels), prog_bar=True)
         return loss

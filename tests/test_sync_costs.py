@@ -114,7 +114,7 @@ def test_the_callback_reports_costs_as_na_on_a_cpu(tmp_path):
     saved = json.loads((tmp_path / "lightning_logs" / "version_0" / "syncs.json").read_text())
     assert saved["summary"]["sync_idle_ms_per_batch"] is None
     (site,) = [s for s in saved["sites"] if "losses.append" in s["code"]]
-    assert site["count"] == 4 and site["steps"]
+    assert site["count"] == saved["summary"]["watched_batches"] >= 4 and site["steps"]
     assert site["idle_after_ms_per_batch"] is None and site["idle_timed"] == 0
 
 

@@ -41,13 +41,16 @@ class SyncTimeline:
     def __init__(self) -> None:
         self.costs: dict[int, SyncCost] = {}
         self._calling: tuple[int, float] | None = None  # (event, began at)
-        self._idle: tuple[int, float] | None = None  # (event, returned at): the GPU is idle
+        self._idle_event = 0
+        # When the open idle began (a sync returned), None when there is none: a plain
+        # attribute, read on every op of a watched step.
+        self.idle_since: float | None = None
         self._own_s = 0.0  # the measuring code's time since the idle began
 
     @property
     def waiting_for_launch(self) -> bool:
         """True between a sync's return and the next launch: own time counts only then."""
-        return self._idle is not None
+        return self.idle_since is not None
 
     def began(self, event: int, at: float) -> None:
         self._end_idle(at)  # the next sync owns the idle from here on
@@ -60,14 +63,14 @@ class SyncTimeline:
         event, began = self._calling
         self._calling = None
         self.costs[event].host_ms = 1e3 * max(0.0, at - began)
-        self._idle, self._own_s = (event, at), 0.0
+        self._idle_event, self.idle_since, self._own_s = event, at, 0.0
 
     def own(self, start: float, end: float) -> None:
         """The measuring code ran from ``start`` to ``end``: what of it falls in an open idle
         is not the sync's cost. Intervals are given once each, in any order of nesting, and
         never overlap."""
-        if self._idle is not None:
-            self._own_s += max(0.0, end - max(start, self._idle[1]))
+        if self.idle_since is not None:
+            self._own_s += max(0.0, end - max(start, self.idle_since))
 
     def launch(self, at: float) -> None:
         """An op that puts work on the device was dispatched at ``at``."""
@@ -75,7 +78,7 @@ class SyncTimeline:
 
     def close(self) -> None:
         """The watched window ends: an idle still open was not seen to end (None)."""
-        self._calling = self._idle = None
+        self._calling = self.idle_since = None
 
     def take(self) -> dict[int, SyncCost]:
         out, self.costs = self.costs, {}
@@ -83,8 +86,8 @@ class SyncTimeline:
         return out
 
     def _end_idle(self, at: float) -> None:
-        if self._idle is None:
+        since = self.idle_since
+        if since is None:
             return
-        event, since = self._idle
-        self._idle = None
-        self.costs[event].idle_after_ms = 1e3 * max(0.0, at - since - self._own_s)
+        self.idle_since = None
+        self.costs[self._idle_event].idle_after_ms = 1e3 * max(0.0, at - since - self._own_s)

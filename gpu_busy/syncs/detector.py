@@ -345,17 +345,13 @@ class SyncDetector:
         event = None
         if counted and not self._inside:
             event, self._untimed = self._untimed, None
-        began = time.perf_counter()
-        timeline.own(entered, began)
-        if event is not None:
-            timeline.began(event, began)
-        elif (
-            aten
-            and timeline.waiting_for_launch
-            and not self._inside
-            and self.guarded(self._launches, func, args, kwargs)
-        ):
-            timeline.launch(began)
+        if event is not None or timeline.idle_since is not None:  # else nothing to time
+            began = time.perf_counter()
+            timeline.own(entered, began)
+            if event is not None:
+                timeline.began(event, began)
+            elif aten and not self._inside and self.guarded(self._launches, func, args, kwargs):
+                timeline.launch(began)
         if counted:
             self._inside += 1
         if self._track_ops:
@@ -593,10 +589,11 @@ class _DispatchLayer(TorchDispatchMode):
         d = self.d
         sync = d.guarded(self._observe, func, args, kwargs)
         out = d.run_op(func, args, kwargs, str(func), bool(sync), entered, aten=True)
-        returned = time.perf_counter()
+        returned = time.perf_counter() if d.timeline.idle_since is not None else None
         if d.simulating and d._host:
             d.guarded(d.follow_inputs, args, kwargs, out)
-        d.timeline.own(returned, time.perf_counter())
+        if returned is not None:
+            d.timeline.own(returned, time.perf_counter())
         return out
 
     def _observe(self, func, args: tuple, kwargs: dict) -> bool:
@@ -651,19 +648,21 @@ class _FunctionLayer(TorchFunctionMode):
             finally:
                 d._backward_events = 0
         elif rule is None:
-            d.timeline.own(entered, time.perf_counter())
+            if d.timeline.idle_since is not None:
+                d.timeline.own(entered, time.perf_counter())
             out = func(*args, **kwargs)
         else:
             sync = d.guarded(self._observe, rule, args, kwargs)  # None: the rule failed
             owned = bool(sync) or (rule.owns and sync is not None)
             out = d.run_op(func, args, kwargs, rule.label, owned, entered)
-        returned = time.perf_counter()
+        returned = time.perf_counter() if d.timeline.idle_since is not None else None
         if func in BACKWARD_RULES:
             d.guarded(self._tag_backward, BACKWARD_RULES[func], args, kwargs, out)
         if d.simulating:
             placed = d.guarded(d.place, func, args, kwargs, out)
             out = out if placed is None else placed
-        d.timeline.own(returned, time.perf_counter())
+        if returned is not None:
+            d.timeline.own(returned, time.perf_counter())
         return out
 
     def _observe(self, rule: Rule, args: tuple, kwargs: dict) -> bool:

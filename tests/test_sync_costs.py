@@ -141,3 +141,14 @@ def test_an_item_behind_queued_work_costs_that_work_and_the_host_gap_after_it():
     item = next(e for e in rec.take() if e.op == "Tensor.item()")
     assert item.host_ms == pytest.approx(queued_ms, rel=0.2, abs=2.0)
     assert item.idle_after_ms == pytest.approx(20.0, abs=3.0)
+
+
+def test_the_cost_line_gives_the_total_with_its_threshold_or_says_na():
+    from gpu_busy.callbacks.sync_point_detector import _cost_line
+
+    gpu = {"sync_idle_ms_per_batch": 1.5, "sync_idle_share": 0.1, "sync_host_ms_per_batch": 3.0}
+    assert _cost_line(gpu) == (
+        "  cost of the syncs: 1.500 ms of GPU idle after them per batch (10.0% of a step; "
+        "removing every one gains at most that; worth it above 5%), host waited 3.000 ms in them"
+    )
+    assert "n/a" in _cost_line({"sync_idle_ms_per_batch": None})

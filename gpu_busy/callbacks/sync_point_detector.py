@@ -32,6 +32,7 @@ from gpu_busy.log import get_logger
 from gpu_busy.syncs.detector import SyncDetector
 from gpu_busy.syncs.sampling import WatchSchedule
 from gpu_busy.syncs.sites import SyncSiteTable, github_annotations, in_github_actions
+from gpu_busy.verdict import THRESHOLDS
 from gpu_busy.window_sums import WindowSums
 
 log = get_logger(__name__)
@@ -373,7 +374,8 @@ def _cost_line(report: dict) -> str:
     pct = "n/a" if share is None else f"{100 * share:.1f}%"
     return (
         f"  cost of the syncs: {idle:.3f} ms of GPU idle after them per batch ({pct} of a "
-        f"step; removing every one gains at most that; worth it above 5%), host waited "
+        f"step; removing every one gains at most that; worth it above "
+        f"{100 * THRESHOLDS['syncs']:.0f}%), host waited "
         f"{report['sync_host_ms_per_batch']:.3f} ms in them"
     )
 

@@ -8,9 +8,12 @@ import json
 import time
 from pathlib import Path
 
+import lightning.pytorch as pl
 import pytest
 import torch
+from lightning.pytorch.demos.boring_classes import BoringModel
 
+from gpu_busy.callbacks import IdleTimeMonitor
 from gpu_busy.idle import (
     CAUSES,
     IdleStats,
@@ -532,3 +535,24 @@ def test_profiler_windows_on_request_or_trigger_file_and_without_a_folder(tmp_pa
     assert [n for n in range(25, 30) if windows.after_step(n)] == [28]
     assert [r["path"] for r in windows.results] == [None, None]  # analysed, not kept
     assert list(tmp_path.iterdir()) == [trigger]
+
+
+class _SlowEndOfBatch(pl.Callback):
+    """Listed before the monitor: 20 ms of between-step work (a save, a logging read)."""
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        time.sleep(0.02)
+
+
+def test_the_timer_brackets_the_step_itself_wherever_the_monitor_is_listed(tmp_path):
+    monitor = IdleTimeMonitor(warmup_steps=1, picture=False, log_stats=False)
+    trainer = pl.Trainer(
+        accelerator="cpu", max_epochs=1, limit_train_batches=8, limit_val_batches=0,
+        logger=False, enable_progress_bar=False, enable_model_summary=False,
+        enable_checkpointing=False, callbacks=[_SlowEndOfBatch(), monitor],
+    )  # fmt: skip
+    trainer.fit(BoringModel())
+    mean = monitor.report["mean"]
+    # The other callback's 20 ms is not the step's: it is idle between steps.
+    assert mean["device_ms"] < 15 and mean["idle_other_ms"] >= 19.5, mean
+    assert len(trainer.callbacks) == 2  # the step marks are gone after the fit

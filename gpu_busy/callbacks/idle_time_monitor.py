@@ -94,6 +94,7 @@ class IdleTimeMonitor(pl.Callback):
         self.window = IdleStats()  # since the last logging step
         self.total = IdleStats()  # the whole fit after warm-up
         self.series = StepSeries()
+        self._edges: tuple[pl.Callback, ...] = ()  # the step's start and end marks
 
     def request_trace(self) -> None:
         """Capture a profiler window starting at the next step."""
@@ -107,6 +108,7 @@ class IdleTimeMonitor(pl.Callback):
         if self.use_sync_marks and device.type == "cuda":
             self._marks = SyncMarks().open()
         self.timer = StepTimer(device, sync_marks=self._marks)
+        self._bracket_steps(trainer)
         self._run_dir = run_dir(trainer)
         self.windows.set_up(
             folder=self._run_dir / "traces" if self._run_dir else None,
@@ -115,6 +117,22 @@ class IdleTimeMonitor(pl.Callback):
             make_profiler=torch_profiler(self.trace_steps, cuda=self.timer.is_cuda),
         )
         self._route(trainer)
+
+    def _bracket_steps(self, trainer: pl.Trainer) -> None:
+        """Time the step itself, wherever this callback sits in the list: its start after
+        every callback's ``on_train_batch_start``, its end before any callback's
+        ``on_train_batch_end`` (their logging-step reads, checkpoint saves and collectives
+        then fall between steps, where the GPU really waits for them)."""
+        self._remove_edges(trainer)
+        self._edges = (_StepEnd(self), _StepStart(self))
+        trainer.callbacks.insert(0, self._edges[0])
+        trainer.callbacks.append(self._edges[1])
+
+    def _remove_edges(self, trainer: pl.Trainer) -> None:
+        for edge in self._edges:
+            if edge in trainer.callbacks:
+                trainer.callbacks.remove(edge)
+        self._edges = ()
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:
         self._route(trainer)  # reload_dataloaders_every_n_epochs gives a new loader
@@ -133,10 +151,6 @@ class IdleTimeMonitor(pl.Callback):
 
     # -- each step ------------------------------------------------------------------
 
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        if self.timer is not None:
-            self.timer.start_step()
-
     def on_before_backward(self, trainer, pl_module, loss) -> None:
         if self.timer is not None:
             self.timer.backward_begins()
@@ -148,8 +162,7 @@ class IdleTimeMonitor(pl.Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if self.timer is None:
             return
-        self.timer.end_step()
-        self._take(self.timer.poll())
+        self._take(self.timer.poll())  # the step's end was marked first (_StepEnd)
         logging_now = compat.is_logging_step(trainer)
         if logging_now:
             self.windows.look_for_trigger()
@@ -236,9 +249,11 @@ class IdleTimeMonitor(pl.Callback):
 
     def on_exception(self, trainer, pl_module, exception) -> None:
         self._cleanup()
+        self._remove_edges(trainer)
 
     def teardown(self, trainer, pl_module, stage) -> None:
         self._cleanup()
+        self._remove_edges(trainer)
 
     def _cleanup(self) -> None:
         self.windows.stop()
@@ -247,3 +262,25 @@ class IdleTimeMonitor(pl.Callback):
         for loader in self._loaders:
             batch_routing.unroute(loader, layer=self._layer)
         self._loaders.clear()
+
+
+class _StepEnd(pl.Callback):
+    """First in the callback list: marks the end of the training step."""
+
+    def __init__(self, monitor: IdleTimeMonitor) -> None:
+        self.monitor = monitor
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if self.monitor.timer is not None:
+            self.monitor.timer.end_step()
+
+
+class _StepStart(pl.Callback):
+    """Last in the callback list: marks the start of the training step."""
+
+    def __init__(self, monitor: IdleTimeMonitor) -> None:
+        self.monitor = monitor
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if self.monitor.timer is not None:
+            self.monitor.timer.start_step()

@@ -124,14 +124,13 @@ class IdleTimeMonitor(pl.Callback):
         ``on_train_batch_end`` (their logging-step reads, checkpoint saves and collectives
         then fall between steps, where the GPU really waits for them)."""
         self._remove_edges(trainer)
-        self._edges = (_StepEnd(self), _StepStart(self))
-        trainer.callbacks.insert(0, self._edges[0])
-        trainer.callbacks.append(self._edges[1])
+        end, start = self._edges = (_StepEnd(self), _StepStart(self))
+        # A new list, not an insert: Lightning is iterating the old one to call this hook.
+        trainer.callbacks = [end, *trainer.callbacks, start]
 
     def _remove_edges(self, trainer: pl.Trainer) -> None:
-        for edge in self._edges:
-            if edge in trainer.callbacks:
-                trainer.callbacks.remove(edge)
+        if self._edges:
+            trainer.callbacks = [c for c in trainer.callbacks if c not in self._edges]
         self._edges = ()
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:

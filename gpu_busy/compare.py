@@ -75,8 +75,8 @@ class RunFiles:
         for s in ((self.files.get("syncs") or {}).get("sites") or [])[:n]:
             cost = s.get("idle_after_ms_per_batch")
             cost_text = f", {cost:.3f} ms idle/batch" if cost is not None else ""
-            out.append(f"{s.get('count')}x {s.get('op')} at {Path(s['filename']).name}:"
-                       f"{s.get('lineno')}{cost_text}")  # fmt: skip
+            where = s.get("location") or f"{s.get('filename')}:{s.get('lineno')}"
+            out.append(f"{s.get('count')}x {s.get('op')} at {where}{cost_text}")
         return out
 
 

@@ -109,6 +109,30 @@ def child_exit_codes(trainer: pl.Trainer) -> dict[int, int | None]:
     return {first + i + 1: proc.poll() for i, proc in enumerate(procs)}
 
 
+def defer_child_observer() -> Callable[[], None]:
+    """While a faster watch runs, keep Lightning's launcher from SIGKILLing this process.
+
+    Lightning's launcher checks its child ranks every 5 s from a thread and, at the first
+    that died, SIGKILLs every process, this one included: exit code -9 and no message.
+    ``StopOnRankFailure`` checks every ``poll_interval`` and exits with a line naming the
+    rank; when the two race, Lightning's kill wins one time in ten. Returns the undo.
+    """
+    import threading
+
+    # Undocumented: lightning.fabric.strategies.launchers.subprocess_script.
+    # _ChildProcessObserver (Lightning 2.1 to 2.6), a thread whose run() calls self._run()
+    # every _sleep_period seconds and kills everything when it finds a failed child.
+    observers = [t for t in threading.enumerate() if type(t).__name__ == "_ChildProcessObserver"]
+    for observer in observers:
+        observer._run = lambda: False
+
+    def undo() -> None:
+        for observer in observers:
+            observer.__dict__.pop("_run", None)
+
+    return undo
+
+
 # Lightning's own reads, recognised by a function in the chain of a sync event (first
 # match wins), with the fix the report gives. Private: _TrainingEpochLoop.
 # _broadcast_sigterm_tensor (2.5.2 to 2.6), _LoggerConnector.on_batch_end,

@@ -95,7 +95,8 @@ def _syncs_text(ms: float, pct: str, syncs: dict | None) -> str:
         s = sites[0]
         cost = s.get("idle_after_ms_per_batch")
         cost_text = f", {cost:.2f} ms of idle per batch after it" if cost is not None else ""
-        top = f" The costliest sync: {s.get('op')} at {_where(s)}{cost_text}."
+        where = s.get("location") or f"{s.get('filename')}:{s.get('lineno')}"
+        top = f" The costliest sync: {s.get('op')} at {where}{cost_text}."
     return (
         f"host syncs: the GPU stood idle {ms:.2f} ms per batch after the host waited on it "
         f"({pct}).{top} First try: remove that read (log tensors, not .item(); keep "
@@ -171,12 +172,6 @@ def _syncs_seen(syncs: dict | None, cuda: bool) -> str:
         f" ({steady:.2f} syncs per steady batch found: they cost nothing on a CPU; on a GPU "
         "each one drains the queue: see the sync report)"
     )
-
-
-def _where(site: dict) -> str:
-    from gpu_busy.syncs.detector import SyncEvent
-
-    return SyncEvent(site.get("op", ""), site.get("filename", ""), site.get("lineno", 0)).location
 
 
 def _add(a: float | None, b: float | None) -> float | None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import lightning.pytorch as pl
 
+from gpu_busy import lightning_compat as compat
 from gpu_busy.lightning_compat import is_logging_step
 
 
@@ -213,6 +214,35 @@ def test_lightnings_launcher_keeps_its_children_in_procs():
 
     launcher = _SubprocessScriptLauncher(LightningEnvironment(), num_processes=2, num_nodes=1)
     assert hasattr(launcher, "procs"), "_SubprocessScriptLauncher.procs was renamed"
+
+
+def test_lightnings_child_observer_can_be_deferred_and_restored():
+    import os
+    import time
+
+    from lightning.fabric.strategies.launchers.subprocess_script import _ChildProcessObserver
+
+    class Child:  # a rank that failed, as Popen reports it
+        pid, returncode = 12345, 1
+
+        def poll(self):
+            return self.returncode
+
+        def send_signal(self, sig):
+            # Raised in the observer's thread before it reaches os.kill(this process): a
+            # deferral that failed ends that thread, not the test run.
+            raise AssertionError("the deferred observer signalled a child")
+
+    child = Child()
+    observer = _ChildProcessObserver(os.getpid(), [child], sleep_period=0.2)
+    observer.start()
+    undo = compat.defer_child_observer()  # before its first look (0.2 s)
+    time.sleep(0.6)  # un-deferred, it would have SIGKILLed this test process by now
+    assert observer.is_alive()
+    child.returncode = 0  # all ranks done: its own check ends the thread without a kill
+    undo()
+    observer.join(timeout=2)
+    assert not observer.is_alive() and "_run" not in observer.__dict__
 
 
 def test_the_lightning_functions_named_in_sync_fixes_exist():

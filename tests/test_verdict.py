@@ -50,7 +50,7 @@ def test_the_largest_cause_at_or_above_its_threshold_bounds_a_gpu_run(figures, c
 def test_the_sync_verdict_names_the_costliest_site_and_its_cost():
     syncs = {
         "summary": {"steady_syncs_per_batch": 2.0},
-        "sites": [{"op": "Tensor.item()", "filename": "model.py", "lineno": 42,
+        "sites": [{"op": "Tensor.item()", "location": "model.py:42",
                    "idle_after_ms_per_batch": 1.5}],
     }  # fmt: skip
     line = decide(gpu_report(idle_sync_stall_ms=1.6), syncs).line

@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import sys
 import uuid
+from collections.abc import Callable
 from datetime import timedelta
 
 import lightning.pytorch as pl
@@ -51,6 +52,7 @@ class StopOnRankFailure(pl.Callback):
         self.peer_timeout, self.poll_interval = peer_timeout, poll_interval
         self.watch: PeerWatch | None = None
         self._store = None
+        self._undo_observer: Callable[[], None] = lambda: None
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if trainer.world_size < 2 or not dist.is_initialized() or self.watch is not None:
@@ -80,6 +82,9 @@ class StopOnRankFailure(pl.Callback):
             poll_interval=self.poll_interval, peer_timeout=self.peer_timeout,
             exit_codes=lambda: compat.child_exit_codes(trainer),
         ).start()  # fmt: skip
+        # The watch sees a dead child rank first and says which; Lightning's own observer
+        # would kill this process without a word if it looked in the meantime.
+        self._undo_observer = compat.defer_child_observer()
 
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
         watch = self.watch
@@ -102,6 +107,8 @@ class StopOnRankFailure(pl.Callback):
         if self.watch is not None:
             self.watch.finish()
             self.watch = None
+        self._undo_observer()
+        self._undo_observer = lambda: None
 
     def _stop_for(self, rank: int, reason: str) -> None:
         """Another rank failed: say so once, and leave (the main thread may be stuck in a

@@ -279,6 +279,7 @@ class SyncPointDetector(pl.Callback):
         sites = [
             {
                 **row,
+                "location": s.location,  # as printed: relative, or inside site-packages
                 "idle_after_ms_per_batch": s.idle_per_batch(watched) if watched else None,
                 "host_ms_per_batch": s.host_per_batch(watched) if watched else None,
             }

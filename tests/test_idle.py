@@ -556,3 +556,22 @@ def test_the_timer_brackets_the_step_itself_wherever_the_monitor_is_listed(tmp_p
     # The other callback's 20 ms is not the step's: it is idle between steps.
     assert mean["device_ms"] < 15 and mean["idle_other_ms"] >= 19.5, mean
     assert len(trainer.callbacks) == 2  # the step marks are gone after the fit
+
+
+def test_explicit_synchronize_calls_are_marked_at_their_start_and_restored():
+    # torch.cuda.synchronize() and Event.synchronize() never consult CUDA's sync debug
+    # mode: SyncMarks wraps them. Checked here on a stand-in owner, without a GPU.
+    from types import SimpleNamespace
+
+    from gpu_busy.idle.sync_marks import _wrapped
+
+    calls = []
+    owner = SimpleNamespace(synchronize=lambda: calls.append("synced"))
+    original = owner.synchronize
+    with _wrapped(owner, "synchronize", lambda: calls.append("marked")):
+        owner.synchronize()
+    assert calls == ["marked", "synced"] and owner.synchronize is original
+    # Replaced by someone else meanwhile: leaving ours would undo theirs, so theirs stays.
+    with _wrapped(owner, "synchronize", lambda: calls.append("late")):
+        theirs = owner.synchronize = lambda: calls.append("theirs")
+    assert owner.synchronize is theirs

@@ -1,10 +1,13 @@
 """When the host started each CUDA sync, from CUDA's own sync debug mode, at no cost per step.
 
-PyTorch's sync debug mode warns just before every synchronizing CUDA call (``.item()``,
-``.cpu()``, ``nonzero``, stream and device synchronize); a step without syncs pays
-nothing. ``SyncMarks`` keeps the host time of each (``gpu_busy.cuda_sync_warnings``),
-which ``StepTimer`` uses to tell a sync stall from other idle. Nothing is printed; a
-mode the user chose ("error") is left alone; ``close()`` restores everything.
+PyTorch's sync debug mode warns at every synchronizing CUDA call inside an op
+(``.item()``, ``.cpu()``, ``nonzero``); a step without syncs pays nothing. The warning
+reaches Python when the op returns, so the mark is the sync's end. Explicit
+``torch.cuda.synchronize()``, ``Event.synchronize()`` and
+``torch.accelerator.synchronize()`` never consult the mode (``c10/cuda/CUDAFunctions.cpp``,
+``CUDAEvent.h``): while open, ``SyncMarks`` wraps those entry points and marks their
+start. ``StepTimer`` uses the marks to tell a sync stall from other idle. Nothing is
+printed; a mode the user chose ("error") is left alone; ``close()`` restores everything.
 
 Example::
 
@@ -17,8 +20,11 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from collections import deque
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 
@@ -41,7 +47,17 @@ class SyncMarks:
             return self
         self._stack = contextlib.ExitStack()
         self._stack.enter_context(cuda_sync_warnings(self._mark))
+        thread = threading.get_ident()
+        for owner, name in _explicit_synchronize():
+            self._stack.enter_context(_wrapped(owner, name, self._mark_on(thread)))
         return self
+
+    def _mark_on(self, thread: int):
+        def mark() -> None:
+            if self._stack is not None and threading.get_ident() == thread:
+                self._mark()
+
+        return mark
 
     def _mark(self) -> None:
         self._times.append(time.perf_counter())
@@ -59,3 +75,32 @@ class SyncMarks:
         stack, self._stack = self._stack, None
         if stack is not None:
             stack.close()
+
+
+def _explicit_synchronize() -> list[tuple[Any, str]]:
+    # Stream.synchronize() is not here: it goes through c10's stream_synchronize, which
+    # consults the debug mode (a second mark would count the sync twice).
+    out = [(torch.cuda, "synchronize"), (torch.cuda.Event, "synchronize")]
+    accelerator = getattr(torch, "accelerator", None)
+    if accelerator is not None and hasattr(accelerator, "synchronize"):
+        out.append((accelerator, "synchronize"))
+    return out
+
+
+@contextlib.contextmanager
+def _wrapped(owner: Any, name: str, before: Callable[[], None]) -> Iterator[None]:
+    """``owner.name`` calls ``before()`` first while inside; restored after, unless someone
+    wrapped it again meanwhile (then ours stays below theirs, marking nothing once closed)."""
+    original = getattr(owner, name)
+
+    def synchronize(*args: Any, **kwargs: Any) -> Any:
+        before()
+        return original(*args, **kwargs)
+
+    synchronize.__wrapped__ = original
+    setattr(owner, name, synchronize)
+    try:
+        yield
+    finally:
+        if getattr(owner, name) is synchronize:
+            setattr(owner, name, original)

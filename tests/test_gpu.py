@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import lightning.pytorch as pl
 import pytest
 import torch
@@ -270,6 +272,64 @@ def test_idle_time_recovers_injected_host_delays_by_events_and_by_trace():
             assert row["event_causes_ms"]["sync_stall"] >= 0.9 * row["delay_ms"], row
 
 
+class _DrainThenWait(pl.Callback):
+    """Listed before the monitor: drains the queue, then keeps the host busy ``ms``."""
+
+    def __init__(self, ms: float) -> None:
+        self.ms = ms
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        torch.cuda.synchronize()
+        end = time.perf_counter() + self.ms / 1e3
+        while time.perf_counter() < end:
+            pass
+
+
+def test_an_injected_delay_through_fit_with_the_default_callbacks_is_a_sync_stall():
+    """The same check as above through Trainer.fit: Lightning's hook order, the prefetcher,
+    the sync detector, a DataLoader."""
+    from lightning.pytorch.demos.boring_classes import BoringModel
+
+    from gpu_busy.callbacks import IdleTimeMonitor, RunSummary, StreamPrefetcher, SyncPointDetector
+
+    class Spin(BoringModel):
+        def training_step(self, batch, batch_idx):
+            torch.cuda._sleep(5_000_000)  # a few ms of queued work per step
+            return super().training_step(batch, batch_idx)
+
+    delay_ms = 5.0
+    monitor = IdleTimeMonitor(warmup_steps=5, picture=False, log_stats=False)
+    trainer = pl.Trainer(
+        accelerator="gpu", devices=1, max_epochs=1, limit_train_batches=40, limit_val_batches=0,
+        logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[StreamPrefetcher(), SyncPointDetector(), _DrainThenWait(delay_ms), monitor,
+                   RunSummary()],
+    )  # fmt: skip
+    trainer.fit(Spin())
+    mean = monitor.report["mean"]
+    # The drained GPU waits the delay plus Lightning's loop between steps (under 2 ms).
+    assert delay_ms <= mean["idle_ms"] <= delay_ms + 2.0, mean
+    assert mean["idle_sync_stall_ms"] >= 0.9 * delay_ms, mean
+
+
+def test_a_prefetched_batch_is_not_overwritten_while_the_compute_stream_still_reads_it():
+    """record_stream at work: without it the allocator hands a freed batch's block to the
+    next side-stream copy while the compute stream has not yet read it."""
+    from gpu_busy.prefetch import PrefetchIterator, StreamCopier
+
+    n = 1 << 22
+    batches = [torch.full((n,), float(i)).pin_memory() for i in range(8)]
+    copier = StreamCopier("cuda")
+    sums = []
+    for x in PrefetchIterator(batches, copier, depth=1):
+        torch.cuda._sleep(20_000_000)  # the compute stream reaches the read below late
+        sums.append(x.sum())
+        del x  # the next call issues the copy after next, into whatever block is free
+    copier.close()
+    assert [s.item() for s in sums] == [float(i) * n for i in range(8)]
+
+
 def test_idle_monitor_on_cuda_times_with_events_and_traces_device_work(in_tmp):
     import json
     from pathlib import Path
@@ -286,7 +346,7 @@ def test_idle_monitor_on_cuda_times_with_events_and_traces_device_work(in_tmp):
     report = json.loads(Path("runs/debug/version_0/idle.json").read_text())
     assert report["clock"] == "cuda events"
     mean = report["mean"]
-    assert mean["device_ms"] > 0 and mean["sync_stall_ms"] is not None
+    assert mean["device_ms"] > 0 and mean["idle_sync_stall_ms"] is not None
     assert mean["cuda_syncs_per_batch"] is not None
     trace = report["traces"][0]
     assert trace["device_events"] > 0 and trace["busy_ms"] > 0

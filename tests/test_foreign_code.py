@@ -233,18 +233,25 @@ def test_a_custom_batch_class_with_gradient_accumulation(tmp_path, caplog):
 
 
 @pytest.mark.slow
-def test_a_foreign_module_under_two_process_ddp(tmp_path):
+def test_a_foreign_module_under_two_process_ddp_with_one_slow_rank(tmp_path):
+    # The foreign module, with rank 1 made 40 ms slower per step (tests.bound_runs): every
+    # report is written once from both ranks' figures, and the verdict names that rank.
     result = run_entry_point(
         ["fit", "--config", DEFAULT, "--config", str(ROOT / "configs" / "debug.yaml"),
-         "--model.class_path=tests.foreign_modules.BlobClassifier",
+         "--model.class_path=tests.bound_runs.SlowRankClassifier",
          "--data.class_path=tests.foreign_modules.BlobData",
-         "--trainer.accelerator=cpu", "--trainer.devices=2", "--trainer.max_epochs=1"],
+         "--trainer.accelerator=cpu", "--trainer.devices=2", "--trainer.max_epochs=3",
+         "--trainer.limit_train_batches=null"],
         cwd=tmp_path,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     out = result.stderr
-    for line in ("sync points:", "idle time:", "prefetch:", "fit done in"):
+    for line in ("verdict:", "sync points:", "idle time:", "prefetch:", "fit done in"):
         assert out.count(line) == 1, line  # once, by rank zero, from both ranks' figures
     assert "over 2 process(es)" in out
+    (verdict,) = [x for x in out.splitlines() if "verdict:" in x]
+    assert "one slow rank: rank 1" in verdict, verdict
     run = tmp_path / "runs" / "debug" / "version_0"
     assert json.loads((run / "idle.json").read_text())["world_size"] == 2
+    summary = json.loads((run / "run.json").read_text())
+    assert summary["verdict"]["cause"] == "slow_rank" and summary["world_size"] == 2

@@ -24,22 +24,19 @@ from typing import Any
 from gpu_busy.idle.intervals import CAUSES
 from gpu_busy.verdict import decide
 
-# (label, file, path to the figure, unit, higher is better)
+# (label, file, path to the figure, unit)
 ROWS = (
-    ("samples/s", "run", ("samples_per_s",), "", True),
-    ("steps/s", "run", ("steps_per_s",), "", True),
-    ("step on the device, all told", "idle", ("mean", "step_ms"), " ms", False),
-    ("idle share", "idle", ("mean", "idle_pct"), "%", False),
-    *(
-        (f"  idle: {c.replace('_', ' ')}", "idle", ("mean", f"idle_{c}_ms"), " ms", False)
-        for c in CAUSES
-    ),
-    ("batch transfer on the compute stream", "idle", ("mean", "transfer_ms"), " ms", False),
-    ("the step itself", "idle", ("mean", "device_ms"), " ms", False),
-    ("syncs per batch, logging steps too", "syncs", ("summary", "syncs_per_batch"), "", False),
-    ("syncs per steady batch", "syncs", ("summary", "steady_syncs_per_batch"), "", False),
-    ("GPU idle after syncs, per batch", "syncs", ("summary", "sync_idle_ms_per_batch"), " ms",
-     False),
+    ("samples/s", "run", ("samples_per_s",), ""),
+    ("steps/s", "run", ("steps_per_s",), ""),
+    ("step on the device, all told", "idle", ("mean", "step_ms"), " ms"),
+    ("idle share", "idle", ("mean", "idle_pct"), "%"),
+    *((f"  idle: {c.replace('_', ' ')}", "idle", ("mean", f"idle_{c}_ms"), " ms")
+      for c in CAUSES),
+    ("batch transfer on the compute stream", "idle", ("mean", "transfer_ms"), " ms"),
+    ("the step itself", "idle", ("mean", "device_ms"), " ms"),
+    ("syncs per batch, logging steps too", "syncs", ("summary", "syncs_per_batch"), ""),
+    ("syncs per steady batch", "syncs", ("summary", "steady_syncs_per_batch"), ""),
+    ("GPU idle after syncs, per batch", "syncs", ("summary", "sync_idle_ms_per_batch"), " ms"),
 )  # fmt: skip
 
 
@@ -83,7 +80,7 @@ class RunFiles:
 def compare(a: RunFiles, b: RunFiles, threshold: float, sync_threshold: float) -> list[str]:
     """The table and verdict lines; the last line says whether B is worse (``worse:``)."""
     lines = [f"A: {a.folder}", f"B: {b.folder}", f"{'':<38}{'A':>12}{'B':>12}{'change':>12}"]
-    for label, name, path, unit, _ in ROWS:
+    for label, name, path, unit in ROWS:
         va, vb = a.figure(name, path), b.figure(name, path)
         if va is None and vb is None and name == "run":
             continue

@@ -152,3 +152,19 @@ def test_the_cost_line_gives_the_total_with_its_threshold_or_says_na():
         "removing every one gains at most that; worth it above 5%), host waited 3.000 ms in them"
     )
     assert "n/a" in _cost_line({"sync_idle_ms_per_batch": None})
+
+
+def test_nested_detectors_each_time_an_explicit_synchronize():
+    # The callback's detector and a user's detect_syncs inside it both record the call; each
+    # must time it, and neither may carry it over to time the next sync it sees.
+    x = torch.randn(8, 8)
+    with detect_syncs(device_type="cpu") as outer:
+        with detect_syncs(device_type="cpu") as inner:
+            torch.cpu.synchronize()
+            time.sleep(0.01)
+            x.sum().item()
+    for rec in (outer, inner):
+        sync, item = rec.take()
+        assert sync.host_ms is not None and sync.idle_after_ms is not None, sync
+        assert sync.idle_after_ms >= 9.0  # its own gap, ended by the .item()
+        assert item.op == "Tensor.item()" and item.host_ms is not None

@@ -27,8 +27,8 @@ from gpu_busy.window_sums import mean_and_max
 
 log = get_logger(__name__)
 
-# The version of the layout of idle.json, syncs.json and prefetch.json: raised when a key
-# changes meaning or goes, so a CI threshold script can tell.
+# The version of the layout of idle.json, syncs.json, prefetch.json and run.json: raised
+# when a key changes meaning or goes, so a CI threshold script can tell.
 SCHEMA_VERSION = 3
 
 # Reports held back for the end-of-fit output, by trainer: RunSummary prints them under

@@ -293,7 +293,7 @@ class SyncDetector:
     ) -> None:
         """Add an event for ``op`` at the current user frame (or at ``forward``'s: a backward
         op is attributed to the forward line that built it). ``timed``: the op runs next,
-        through ``run_op`` or ``timed_call``, which time it."""
+        and ``run_op`` (or the synchronize() wrapper) times it."""
         if self._inside:
             return
         if self.simulating and _excused_in_simulation():
@@ -366,16 +366,11 @@ class SyncDetector:
             if event is not None:
                 timeline.returned(time.perf_counter())
 
-    def timed_call(self, func: Callable, *args: Any, **kwargs: Any) -> Any:
-        """Call an explicit synchronize() just recorded, timing it."""
+    def take_untimed(self) -> int | None:
+        """The event just recorded for an op about to run outside the layers (an explicit
+        synchronize()), for the caller to time on ``timeline``."""
         event, self._untimed = self._untimed, None
-        if event is not None:
-            self.timeline.began(event, time.perf_counter())
-        try:
-            return func(*args, **kwargs)
-        finally:
-            if event is not None:
-                self.timeline.returned(time.perf_counter())
+        return event
 
     def _launches(self, func: Any, args: tuple, kwargs: dict) -> bool:
         """Whether an aten op puts work on the device: not a view or a bare allocation, and
@@ -620,7 +615,7 @@ class _DispatchLayer(TorchDispatchMode):
 _BACKWARD_SYNC = "gpu_busy_backward_sync"
 # aten ops that allocate or alias without a kernel: not the end of an idle after a sync.
 _NO_KERNEL = frozenset(
-    torch.ops.aten.__getattr__(name)
+    getattr(torch.ops.aten, name)
     for name in ("empty", "empty_strided", "empty_like", "_unsafe_view", "set_", "resize_")
 )
 _BACKWARD = "backward"
@@ -726,14 +721,22 @@ class _SynchronizeHooks:
     def _wrap(cls, original: Callable, label: str, device: str | None) -> Callable:
         def synchronize(*args, **kwargs):
             me = threading.get_ident()
-            recorded = None
+            timed = []  # every detector that recorded it times it (nested ones too)
             for d in list(cls._active):
                 if d._thread == me and (device is None or device == d.device_type):
                     d.record(label)
-                    recorded = d
-            if recorded is None:
+                    event = d.take_untimed()
+                    if event is not None:
+                        timed.append((d.timeline, event))
+            began = time.perf_counter()
+            for timeline, event in timed:
+                timeline.began(event, began)
+            try:
                 return original(*args, **kwargs)
-            return recorded.timed_call(original, *args, **kwargs)
+            finally:
+                returned = time.perf_counter()
+                for timeline, _ in timed:
+                    timeline.returned(returned)
 
         synchronize.__wrapped__ = original
         return synchronize

@@ -26,6 +26,8 @@ from lightning.pytorch.demos.lstm import LightningLSTM
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from gpu_busy.callbacks import StreamPrefetcher, SyncPointDetector
+from gpu_busy.compare import main as compare_main
+from gpu_busy.verdict import THRESHOLDS
 from tests.conftest import DEFAULT, ROOT, run_entry_point
 from tests.foreign_modules import BlobClassifier, BlobData
 
@@ -56,10 +58,14 @@ def fit(tmp_path, model, data=None, caplog=None, **trainer_args):
     with caplog.at_level(logging.INFO):
         trainer.fit(model, datamodule=data)
     run = tmp_path / "lightning_logs" / "version_0"
-    for line in ("sync points:", "idle time:", "fit done in"):
-        assert line in caplog.text, line
-    for name in ("idle.json", "syncs.json", "prefetch.json"):
+    for line in ("verdict: bound by", "sync points:", "idle time:", "fit done in"):
+        assert caplog.text.count(line) == 1, line
+    for name in ("idle.json", "syncs.json", "prefetch.json", "run.json"):
         assert (run / name).is_file(), name
+    # The verdict is one of the rule's causes, and the files it came from compare cleanly.
+    assert json.loads((run / "run.json").read_text())["verdict"]["cause"] in {
+        *THRESHOLDS, "device"}  # fmt: skip
+    assert compare_main([str(run), str(run), "--picture", ""]) == 0
     detector = next(c for c in callbacks if isinstance(c, SyncPointDetector))
     prefetcher = next(c for c in callbacks if isinstance(c, StreamPrefetcher))
     return detector, prefetcher, run

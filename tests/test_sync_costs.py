@@ -158,11 +158,10 @@ def test_nested_detectors_each_time_an_explicit_synchronize():
     # The callback's detector and a user's detect_syncs inside it both record the call; each
     # must time it, and neither may carry it over to time the next sync it sees.
     x = torch.randn(8, 8)
-    with detect_syncs(device_type="cpu") as outer:
-        with detect_syncs(device_type="cpu") as inner:
-            torch.cpu.synchronize()
-            time.sleep(0.01)
-            x.sum().item()
+    with detect_syncs(device_type="cpu") as outer, detect_syncs(device_type="cpu") as inner:
+        torch.cpu.synchronize()
+        time.sleep(0.01)
+        x.sum().item()
     for rec in (outer, inner):
         sync, item = rec.take()
         assert sync.host_ms is not None and sync.idle_after_ms is not None, sync

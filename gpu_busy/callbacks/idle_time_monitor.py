@@ -30,6 +30,7 @@ from gpu_busy.callbacks.ranks import (
     publish,
     run_dir,
 )
+from gpu_busy.cuda_sync_warnings import debug_mode
 from gpu_busy.idle import (
     CAUSES,
     IdleStats,
@@ -105,8 +106,8 @@ class IdleTimeMonitor(pl.Callback):
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.window, self.total, self.series = IdleStats(), IdleStats(), StepSeries()
         device = trainer.strategy.root_device
-        if self.use_sync_marks and device.type == "cuda":
-            self._marks = SyncMarks().open()
+        if self.use_sync_marks and debug_mode().serves(device.type):
+            self._marks = SyncMarks()  # open from a step's start to the next break
         self.timer = StepTimer(device, sync_marks=self._marks)
         self._bracket_steps(trainer)
         self._run_dir = run_dir(trainer)
@@ -183,6 +184,16 @@ class IdleTimeMonitor(pl.Callback):
             self.timer.break_gap()
             self.windows.stop(self.timer.steps_started)
 
+    def _open_marks(self) -> None:
+        if self._marks is not None:
+            self._marks.open()
+
+    def _close_marks(self) -> None:
+        """The debug mode is armed only where the marks are read: the training steps and
+        the gaps between them, not validation or the epoch's end (their checkpoint saves)."""
+        if self._marks is not None:
+            self._marks.close()
+
     def _take(self, timings) -> None:
         for t in timings:
             # Left out: start-up, and steps the profiler slowed down.
@@ -206,8 +217,7 @@ class IdleTimeMonitor(pl.Callback):
             return
         self.windows.stop(self.timer.steps_started)
         self._take(self.timer.close())  # training is over: waiting costs nothing now
-        if self._marks is not None:
-            self._marks.close()
+        self._close_marks()
         self.total.add(self.window.take())
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -256,15 +266,15 @@ class IdleTimeMonitor(pl.Callback):
 
     def _cleanup(self) -> None:
         self.windows.stop()
-        if self._marks is not None:
-            self._marks.close()
+        self._close_marks()
         for loader in self._loaders:
             batch_routing.unroute(loader, layer=self._layer)
         self._loaders.clear()
 
 
 class _StepEnd(pl.Callback):
-    """First in the callback list: marks the end of the training step."""
+    """First in the callback list: marks the end of the training step, and closes the
+    sync marks before any other callback's validation or epoch-end hook runs."""
 
     def __init__(self, monitor: IdleTimeMonitor) -> None:
         self.monitor = monitor
@@ -272,6 +282,12 @@ class _StepEnd(pl.Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if self.monitor.timer is not None:
             self.monitor.timer.end_step()
+
+    def on_validation_start(self, trainer, pl_module) -> None:
+        self.monitor._close_marks()
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        self.monitor._close_marks()
 
 
 class _StepStart(pl.Callback):
@@ -282,4 +298,5 @@ class _StepStart(pl.Callback):
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         if self.monitor.timer is not None:
+            self.monitor._open_marks()
             self.monitor.timer.start_step()

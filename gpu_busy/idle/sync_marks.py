@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from gpu_busy.cuda_sync_warnings import cuda_sync_warnings
+from gpu_busy.cuda_sync_warnings import cuda_sync_warnings, debug_mode
 
 
 class SyncMarks:
@@ -43,7 +43,7 @@ class SyncMarks:
         return self._stack is not None
 
     def open(self) -> SyncMarks:
-        if self.active or not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+        if self.active or not debug_mode().ready():
             return self
         self._stack = contextlib.ExitStack()
         self._stack.enter_context(cuda_sync_warnings(self._mark))

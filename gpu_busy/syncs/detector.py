@@ -43,7 +43,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakIdKeyDictionary
 
-from gpu_busy.cuda_sync_warnings import cuda_sync_warnings
+from gpu_busy.cuda_sync_warnings import cuda_sync_warnings, debug_mode
 from gpu_busy.syncs.costs import SyncTimeline
 from gpu_busy.syncs.rules import (
     ATEN_RULES,
@@ -174,7 +174,11 @@ class SyncDetector:
         self._inside = 0  # >0 while a recorded op runs: what it calls is not counted again
         self._ops: list[str] = []  # aten/Python ops in flight, to name CUDA's warnings
         self._track_ops = False
-        self._backward_events = 0  # recorded on the autograd engine's own thread
+        # CUDA's warnings come late (see _cuda_debug_warnings): the calls the layers are
+        # running on the entering thread, and the events recorded since the outermost began
+        # whose warnings have not been heard yet.
+        self._depth = 0
+        self._unheard = 0
         self._thread: int | None = None
         self._stack: contextlib.ExitStack | None = None
         self.timeline = SyncTimeline()  # what each event cost, by its index in events
@@ -202,7 +206,7 @@ class SyncDetector:
 
     def __exit__(self, *exc: Any) -> None:
         stack, self._stack = self._stack, None
-        self._inside = 0
+        self._inside = self._depth = self._unheard = 0
         self._untimed = None
         self.timeline.close()
         self._ops.clear()
@@ -290,11 +294,13 @@ class SyncDetector:
         forward: SyncEvent | None = None,
         hint: str = "",
         timed: bool = True,
+        heard: bool = False,
     ) -> None:
         """Add an event for ``op`` at the current user frame (or at ``forward``'s: a backward
         op is attributed to the forward line that built it). ``timed``: the op runs next,
-        and ``run_op`` (or the synchronize() wrapper) times it."""
-        if self._inside:
+        and ``run_op`` (or the synchronize() wrapper) times it. ``heard``: CUDA's debug mode
+        reported it, after the op (it is not a sync CUDA will report again)."""
+        if self._inside and not heard:
             return
         if self.simulating and _excused_in_simulation():
             return
@@ -307,8 +313,8 @@ class SyncDetector:
         event = dataclasses.replace(event, hint=hint, allowed=_ALLOWED.get())
         self.events.append(event)
         self._untimed = len(self.events) - 1 if timed else None
-        if backward and threading.get_ident() != self._thread:
-            self._backward_events += 1
+        if self._track_ops and not heard:
+            self._unheard += 1  # CUDA will report this sync too, when the call returns
         if self.strict and event.allowed is None:
             raise SyncError(f"host-device sync: {event}")
 
@@ -354,17 +360,33 @@ class SyncDetector:
                 timeline.launch(began)
         if counted:
             self._inside += 1
-        if self._track_ops:
-            self._ops.append(name)
+        scoped = self._track_ops and self.begin_call(name)
         try:
             return func(*args, **kwargs)
         finally:
-            if self._track_ops:
-                self._ops.pop()
+            if scoped:
+                self.end_call()
             if counted:
                 self._inside -= 1
             if event is not None:
                 timeline.returned(time.perf_counter())
+
+    def begin_call(self, name: str | None = None) -> bool:
+        """A call the layers see begins (on the entering thread: True, and ``end_call``
+        must follow). CUDA's warnings for the syncs inside it are heard before it ends."""
+        if threading.get_ident() != self._thread:
+            return False  # the autograd engine's thread: its warnings replay on ours
+        self._depth += 1
+        self._ops.append(name)
+        return True
+
+    def end_call(self) -> None:
+        self._ops.pop()
+        self._depth -= 1
+        if not self._depth:
+            # Every warning of the outermost call has been heard: what is left over came
+            # from syncs CUDA's mode does not report (an explicit synchronize()).
+            self._unheard = 0
 
     def take_untimed(self) -> int | None:
         """The event just recorded for an op about to run outside the layers (an explicit
@@ -385,23 +407,27 @@ class SyncDetector:
     # -- the CUDA layer --
 
     def _arm_cuda(self) -> bool:
-        return (
-            self.cuda_debug
-            and self.device_type == "cuda"
-            and torch.cuda.is_available()
-            and torch.cuda.is_initialized()
-        )
+        return self.cuda_debug and debug_mode().serves(self.device_type)
 
     def _cuda_debug_warnings(self) -> contextlib.AbstractContextManager:
+        """CUDA's own account of the syncs, for what the rules miss.
+
+        Its warning is a C++ warning, heard when the outermost Python call around the op
+        returns (for a sync in ``backward()``, when ``backward()`` returns): after the
+        layers have recorded the op, and with no mark of which op it was. So each event the
+        layers record is a warning still to come, and a warning is a new event only when
+        every event recorded since the outermost call began has been heard from. One event
+        per call, as the rules count; a sync the rules miss is named after the call it came
+        from. ``run_op`` and the synchronize() wrappers open those calls.
+        """
+
         def on_sync() -> None:
-            current = self._ops[-1] if self._ops else None
-            if current == _BACKWARD and self._backward_events > 0:
-                # CUDA's warnings from the autograd engine's thread are replayed here, when
-                # backward() returns: this one is a sync the rules already recorded there.
-                self._backward_events -= 1
+            if self._unheard > 0:
+                self._unheard -= 1  # the sync a rule recorded, reported again
                 return
+            current = self._ops[-1] if self._ops else None
             name = f"{current} (CUDA sync debug)" if current else "a CUDA sync"
-            self.record(name, aten=current, timed=False)  # seen after it returned
+            self.record(name, timed=False, heard=True)  # heard after it returned
 
         return cuda_sync_warnings(on_sync)
 
@@ -618,8 +644,6 @@ _NO_KERNEL = frozenset(
     getattr(torch.ops.aten, name)
     for name in ("empty", "empty_strided", "empty_like", "_unsafe_view", "set_", "resize_")
 )
-_BACKWARD = "backward"
-_BACKWARD_CALLS = frozenset({torch.Tensor.backward, torch.autograd.backward, torch.autograd.grad})
 _RECORDED = "gpu_busy_backward_recorded"
 
 
@@ -636,12 +660,9 @@ class _FunctionLayer(TorchFunctionMode):
         kwargs = kwargs or {}
         d = self.d
         rule = PYTHON_RULES.get(func)
-        if func in _BACKWARD_CALLS:
-            # Named, so that CUDA's warnings replayed when it returns can be told apart.
-            try:
-                out = d.run_op(func, args, kwargs, _BACKWARD, False, entered)
-            finally:
-                d._backward_events = 0
+        if rule is None and d._track_ops:
+            # Named: a CUDA warning heard when it returns may be a sync only CUDA saw.
+            out = d.run_op(func, args, kwargs, _call_name(func), False, entered)
         elif rule is None:
             if d.timeline.idle_since is not None:
                 d.timeline.own(entered, time.perf_counter())
@@ -671,6 +692,18 @@ class _FunctionLayer(TorchFunctionMode):
         grad_fn = getattr(out, "grad_fn", None)
         if grad_fn is not None and rule.applies(self.d, args, kwargs):
             grad_fn.metadata[_BACKWARD_SYNC] = (rule, _event_here(rule.label, "forward", None))
+
+
+def _call_name(func: Any) -> str:
+    """``torch.nonzero``, ``Tensor.backward``: how the call reads in user code."""
+    name = getattr(func, "__qualname__", None) or getattr(func, "__name__", None)
+    if not isinstance(name, str):
+        return repr(func)
+    owner, _, short = name.rpartition(".")
+    if owner in ("TensorBase", "_TensorBase", "Tensor"):
+        return f"Tensor.{short}"
+    module = getattr(func, "__module__", None) or "torch"
+    return f"{module}.{short}" if owner in ("", "_VariableFunctionsClass") else name
 
 
 # -- layer 3: explicit synchronize() ---------------------------------------------------------
@@ -722,12 +755,15 @@ class _SynchronizeHooks:
         def synchronize(*args, **kwargs):
             me = threading.get_ident()
             timed = []  # every detector that recorded it times it (nested ones too)
+            calls = []  # and hears CUDA's warning for it (Stream.synchronize) as this one
             for d in list(cls._active):
                 if d._thread == me and (device is None or device == d.device_type):
                     d.record(label)
                     event = d.take_untimed()
                     if event is not None:
                         timed.append((d.timeline, event))
+                    if d._track_ops and d.begin_call(label):
+                        calls.append(d)
             began = time.perf_counter()
             for timeline, event in timed:
                 timeline.began(event, began)
@@ -737,6 +773,8 @@ class _SynchronizeHooks:
                 returned = time.perf_counter()
                 for timeline, _ in timed:
                     timeline.returned(returned)
+                for d in calls:
+                    d.end_call()
 
         synchronize.__wrapped__ = original
         return synchronize

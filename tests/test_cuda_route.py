@@ -1,0 +1,244 @@
+"""The CUDA paths on the CPU: CUDA's sync warning as CUDA raises it (tests/cuda_standin.py).
+
+Each test here fails on code that would count a sync twice, arm the debug mode where it
+is not read, or lose a warning on a GPU; tests/test_gpu.py holds their GPU twins.
+"""
+
+from __future__ import annotations
+
+import inspect
+import warnings
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from lightning.pytorch.demos.boring_classes import BoringModel
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from gpu_busy import cuda_sync_warnings
+from gpu_busy.syncs import SyncError, detect_syncs
+from gpu_busy.syncs.rules import ATEN_RULES
+from tests import cuda_standin
+
+# Device memory in the simulation: made before any detector is entered.
+x = torch.arange(6.0) - 2
+mask = x > 0
+
+
+@pytest.fixture
+def standin():
+    with cuda_standin.install() as s:
+        yield s
+
+
+def _line(marker: str) -> int:
+    source, start = inspect.getsourcelines(inspect.currentframe().f_back.f_code)
+    return start + next(i for i, text in enumerate(source) if marker in text)
+
+
+# -- the stand-in travels CUDA's route ----------------------------------------------------
+
+
+def test_the_standins_warning_comes_from_cpp_after_the_dispatch_mode_returned(standin):
+    order = []
+
+    class Spy(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            order.append(f"returned {func.overloadpacket.__name__}")
+            return out
+
+    def heard(message, *args, **kwargs):
+        order.append("warning")
+
+    standin.set("warn")
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = heard
+        with Spy():
+            x.sum().item()
+    standin.set(0)
+    assert order == ["returned sum", "returned _local_scalar_dense", "warning"]
+    standin.set("error")
+    with pytest.raises(RuntimeError, match=cuda_standin.MESSAGE):
+        x.nonzero()
+    standin.set(0)
+    assert x.nonzero().shape == (5, 1) and x.sum().item() == 3.0  # the real results
+
+
+# -- 1. one event per sync -------------------------------------------------------------------
+
+
+def test_an_op_with_an_aten_rule_is_one_event(standin):
+    with detect_syncs(device_type="cpu") as rec:
+        torch.nonzero(x)  # sync: nonzero
+        torch.where(x > 0)  # sync: where
+        x.argwhere()  # sync: argwhere
+    assert standin.kernel_syncs == 3, "the stand-in did not warn"
+    assert [e.lineno for e in rec.events] == [
+        _line(f"# sync: {name}") for name in ("nonzero", "where", "argwhere")
+    ], [str(e) for e in rec.events]
+    assert all(e.aten == "aten.nonzero.default" for e in rec.events)
+
+
+def test_a_python_rule_that_owns_its_call_is_one_event(standin):
+    with detect_syncs(device_type="cpu") as rec:
+        x.sum().item()  # sync: item
+        x[mask]  # sync: mask
+        if x.sum() > 0:  # sync: bool
+            pass
+    assert [e.lineno for e in rec.events] == [
+        _line(f"# sync: {n}") for n in ("item", "mask", "bool")
+    ]
+
+
+def test_a_sync_missing_from_the_table_is_one_event_named_by_the_call(standin, monkeypatch):
+    monkeypatch.delitem(ATEN_RULES, torch.ops.aten.nonzero)  # pretend it is unknown
+    with detect_syncs(device_type="cpu") as rec:
+        x.nonzero()  # the debug mode's warning names this line
+        torch.where(mask)  # and this one
+    assert standin.kernel_syncs == 2
+    first, second = rec.events
+    assert first.op == "Tensor.nonzero (CUDA sync debug)", first
+    assert second.op == "torch.where (CUDA sync debug)", second
+    assert first.lineno == _line("x.nonzero()  # the") and second.lineno == first.lineno + 1
+    assert first.filename == __file__
+
+
+def test_stream_synchronize_is_one_event(standin):
+    stream = cuda_standin.StandInStream()
+    with detect_syncs(device_type="cpu") as rec:
+        stream.synchronize()  # sync: stream
+    assert standin.kernel_syncs == 1
+    (event,) = rec.events
+    assert event.op == "Stream.synchronize()" and event.lineno == _line("# sync: stream")
+
+
+def test_a_sync_in_backward_is_one_event_at_the_forward_line(standin):
+    w = torch.arange(6.0, requires_grad=True)
+    with detect_syncs(device_type="cpu") as rec:
+        y = w[mask]  # sync: forward (and its backward)
+        y.sum().backward()
+    assert standin.kernel_syncs == 2, "forward and backward each index with the mask"
+    assert [(e.phase, e.lineno) for e in rec.events] == [
+        ("forward", _line("# sync: forward")),
+        ("backward", _line("# sync: forward")),
+    ], [str(e) for e in rec.events]
+
+
+def test_a_backward_sync_only_cuda_saw_is_one_event(standin, monkeypatch):
+    monkeypatch.delitem(ATEN_RULES, torch.ops.aten.nonzero)
+
+    class SyncsInBackward(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, t):
+            return t * 2
+
+        @staticmethod
+        def backward(ctx, grad):
+            torch.ops.aten.nonzero(grad)  # C++ route: no Python binding, no handler
+            return grad * 2
+
+    w = torch.ones(3, requires_grad=True)
+    with detect_syncs(device_type="cpu") as rec:
+        SyncsInBackward.apply(w).sum().backward()  # sync: backward
+    assert standin.kernel_syncs == 1
+    (event,) = rec.events
+    assert event.op == "Tensor.backward (CUDA sync debug)", event
+    assert event.lineno == _line("# sync: backward")
+
+
+def test_strict_raises_at_the_line_once(standin):
+    with pytest.raises(SyncError, match="nonzero"), detect_syncs("cpu", strict=True) as rec:
+        torch.nonzero(x)
+    assert len(rec.events) == 1
+
+
+class _OneReadPerStep(BoringModel):
+    def training_step(self, batch, batch_idx):
+        out = super().training_step(batch, batch_idx)
+        self.losses.append(float(out["loss"]))  # one sync per step
+        torch.nonzero(batch[0, :4])  # and one more, seen by an aten rule
+        return out
+
+
+def test_a_fit_with_two_syncs_per_step_reports_two_per_watched_step(standin, tmp_path):
+    from gpu_busy.callbacks import SyncPointDetector
+
+    model = _OneReadPerStep()
+    model.losses = []
+    detector = SyncPointDetector(first_steps=6, log_stats=False)
+    trainer = pl.Trainer(
+        accelerator="cpu", max_epochs=2, limit_train_batches=6, limit_val_batches=2,
+        logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False, callbacks=[detector], default_root_dir=tmp_path,
+    )  # fmt: skip
+    trainer.fit(model)
+    totals = detector.totals
+    assert totals.watched >= 6 and standin.kernel_syncs >= 2 * totals.watched
+    assert totals.syncs == 2 * totals.watched, detector.report
+    sites = {s.op for s in detector.table.sites.values()}
+    assert not any("CUDA sync debug" in op or op == "a CUDA sync" for op in sites), sites
+    assert standin.mode == 0, "the debug mode was left armed"
+
+
+# -- 2. armed only where it is read ------------------------------------------------------------
+
+
+def test_the_listener_gives_barriers_the_users_mode(standin, monkeypatch):
+    seen = []
+    monkeypatch.setattr(torch.distributed, "barrier", lambda *a, **k: seen.append(standin.mode))
+    with cuda_sync_warnings.cuda_sync_warnings(lambda: None):
+        torch.distributed.barrier()
+        assert standin.mode == 1
+    torch.distributed.barrier()
+    assert seen == [0, 0] and standin.mode == 0
+    standin.set("error")  # the user's own mode is theirs, barriers included
+    with cuda_sync_warnings.cuda_sync_warnings(lambda: None):
+        torch.distributed.barrier()
+    assert seen[-1] == 2 and standin.mode == 2
+
+
+class _ModeSpy(pl.Callback):
+    def __init__(self, standin) -> None:
+        self.standin = standin
+        self.modes: dict[str, set[int]] = {}
+
+    def _see(self, where: str) -> None:
+        self.modes.setdefault(where, set()).add(self.standin.mode)
+
+    def on_validation_batch_start(self, *args, **kwargs):
+        self._see("validation")
+
+    def on_train_epoch_end(self, *args):
+        self._see("epoch end")
+
+    def on_save_checkpoint(self, *args):
+        self._see("checkpoint")
+
+
+class _SpyInStep(BoringModel):
+    def training_step(self, batch, batch_idx):
+        self.spy._see("training step")
+        return super().training_step(batch, batch_idx)
+
+
+def test_a_fit_arms_the_debug_mode_only_in_the_windows_that_read_it(standin, tmp_path):
+    from gpu_busy.callbacks import IdleTimeMonitor, SyncPointDetector
+
+    spy = _ModeSpy(standin)
+    model = _SpyInStep()
+    model.spy = spy
+    trainer = pl.Trainer(
+        accelerator="cpu", max_epochs=2, limit_train_batches=4, limit_val_batches=2,
+        logger=False, enable_progress_bar=False, enable_model_summary=False,
+        default_root_dir=tmp_path,
+        callbacks=[IdleTimeMonitor(warmup_steps=0, picture=False, log_stats=False),
+                   SyncPointDetector(first_steps=2, log_stats=False), spy],
+    )  # fmt: skip
+    trainer.fit(model)
+    assert spy.modes["training step"] == {1}, spy.modes  # the idle monitor's marks
+    assert spy.modes["validation"] == {0}, spy.modes
+    assert spy.modes["epoch end"] == {0}, spy.modes
+    assert spy.modes["checkpoint"] == {0}, spy.modes
+    assert standin.mode == 0 and standin.sets[-1] == 0

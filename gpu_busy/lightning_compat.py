@@ -96,6 +96,27 @@ def throttle_sigterm_broadcast(trainer: pl.Trainer, due: Callable[[], bool]) -> 
     return undo
 
 
+def keep_handlers_past_teardown(trainer: pl.Trainer, handlers: dict[int, Any]) -> dict[int, Any]:
+    """Make Lightning put ``handlers`` back when it tears down, instead of the ones it found
+    at the start of fit; returns those it found.
+
+    Lightning restores its saved handlers in ``Trainer._teardown``, which runs before
+    ``on_fit_end``, where callbacks still gather over ranks: a handler in place there must
+    not start a collective of its own (Lightning's SIGTERM handler broadcasts).
+    """
+    # Private: Trainer._signal_connector._original_handlers (Lightning 2.0 to 2.6), the
+    # dict _SignalConnector.teardown re-registers (trainer/connectors/signal_connector.py).
+    saved = getattr(getattr(trainer, "_signal_connector", None), "_original_handlers", None)
+    if not isinstance(saved, dict):
+        return {}
+    found = {}
+    for signum, handler in handlers.items():
+        if signum in saved:
+            found[signum] = saved[signum]
+            saved[signum] = handler
+    return found
+
+
 def child_exit_codes(trainer: pl.Trainer) -> dict[int, int | None]:
     """``{global rank: return code or None while running}`` of the ranks this process
     started (Lightning's launcher starts a node's other ranks from its local rank zero);

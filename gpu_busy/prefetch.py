@@ -1,11 +1,19 @@
 """Copy the next batches to the GPU on a side stream while the current step computes.
 
 The copy of batch N+1 is enqueued on a side stream *before* step N's kernels, and the
-compute stream waits (on the GPU, not the host) for exactly the batch it is about to
-use. As the careful implementations do: one side stream, kept; an event after each
-copy; ``record_stream`` on every handed-out tensor, so the caching allocator cannot
-reuse its memory while the compute stream still reads it; pageable batches pinned first,
-in a background thread, because ``non_blocking`` from pageable memory blocks the host.
+compute stream waits (on the GPU, not the host) for each batch's own copy event when the
+batch is handed over. Under Lightning that is when its fetcher reads the batch: for a
+loader with a length, just before the step that uses it, so ``depth + 1`` batches are on
+the device (the one computing, ``depth`` copying); for one without (an
+``IterableDataset``), Lightning's fetcher reads one batch ahead
+(``loops/fetchers.py``, ``_PrefetchDataFetcher``), so before step N the compute stream
+waits for N+1's copy (issued a step earlier, usually done) and ``depth + 2`` batches are
+resident. Count them in the memory a batch size needs.
+
+As the careful implementations do: one side stream, kept; an event after each copy;
+``record_stream`` on every handed-out tensor, so the caching allocator cannot reuse its
+memory while the compute stream still reads it; pageable batches pinned first, in a
+background thread, because ``non_blocking`` from pageable memory blocks the host.
 Collections are walked with ``apply_to_collection``: tensors in dicts, lists, tuples,
 namedtuples and dataclasses move, everything else passes through. On a non-CUDA device
 the same look-ahead runs with a synchronous move, so the bookkeeping is tested anywhere.
@@ -164,6 +172,9 @@ class StreamCopier:
         self._stream: torch.cuda.Stream | None = None
         self._events = EventPool(timing_events) if self.is_cuda else None
         self._pending: deque[tuple[Any, ...]] = deque()  # (start, ready, consumer, stats)
+        # Timing events of copies issued but not yet handed over: an iterator abandoned
+        # mid-epoch (early stopping, an exception) never hands them over; close() frees them.
+        self._issued: dict[int, tuple[Any, Any]] = {}
         self._pin_pool: ThreadPoolExecutor | None = None
         self._warned: set[str] = set()
         self._lock = threading.Lock()
@@ -215,6 +226,8 @@ class StreamCopier:
             return in_flight.batch
         consumer = torch.cuda.current_stream(self.device)
         reached = None
+        with self._lock:
+            self._issued.pop(id(in_flight.copy_start), None)
         if in_flight.copy_start is not None:
             # When the compute stream got here: if the copy ends later, it waited.
             reached = self._events.acquire()
@@ -249,14 +262,19 @@ class StreamCopier:
             self._events.release(start, end, reached)
 
     def close(self) -> None:
-        """Stop the pinning thread and give the timing events of copies not yet read back
-        to the pool (a later fit would otherwise find it drained and time nothing)."""
+        """Stop the pinning thread and give the timing events of copies not yet read back,
+        or never handed over, to the pool (a later fit would otherwise find it drained and
+        time nothing)."""
         if self._pin_pool is not None:
             self._pin_pool.shutdown(wait=True)
             self._pin_pool = None
         while self._pending:
             start, end, reached, _ = self._pending.popleft()
             self._events.release(start, end, reached)
+        with self._lock:
+            issued, self._issued = list(self._issued.values()), {}
+        for start, ready in issued:
+            self._events.release(start, ready)
 
     # -- internals ---------------------------------------------------------------
 
@@ -273,6 +291,9 @@ class StreamCopier:
                 start.record()
             moved = _move(batch, self.device, non_blocking=True)
             ready.record()
+        if start is not None:
+            with self._lock:
+                self._issued[id(start)] = (start, ready)
         return InFlightBatch(moved, ready=ready, copy_start=start, pageable=pageable)
 
     def _pin_and_copy(self, batch: Any) -> InFlightBatch:

@@ -54,10 +54,10 @@ def decide(idle: dict[str, Any] | None, syncs: dict[str, Any] | None = None) -> 
         ("data", mean.get("idle_data_wait_ms"), _data_text),
         ("syncs", mean.get("idle_sync_stall_ms"), lambda ms, pct: _syncs_text(ms, pct, syncs)),
         ("launches", mean.get("idle_launch_bound_ms"), _launch_text),
-        # On a CPU the batch "transfer" is host work (hooks, a no-op move): host overhead.
-        ("host", _add(mean.get("idle_other_ms"), None if cuda else mean.get("transfer_ms")),
-         _host_text),
-        ("copies", mean.get("transfer_ms") if cuda else None, _copies_text),
+        # The batch "transfer" less the copy is the host's work before the step (its hooks;
+        # on a CPU all of it: there is no copy to wait for).
+        ("host", _add(mean.get("idle_other_ms"), _host_part(mean)), _host_text),
+        ("copies", mean.get("copy_ms") if cuda else None, _copies_text),
         *_slow_rank(idle.get("ranks") or []),
     ]  # fmt: skip
     bound = [
@@ -78,6 +78,13 @@ def decide(idle: dict[str, Any] | None, syncs: dict[str, Any] | None = None) -> 
     share, cause, text = max(bound, key=lambda b: b[0])
     pct = f"{100 * share:.0f}% of a step; a problem above {100 * THRESHOLDS[cause]:.0f}%"
     return Verdict(cause, share, f"verdict: bound by {text(share * step, pct)}{syncs_text}")
+
+
+def _host_part(mean: dict[str, Any]) -> float | None:
+    transfer = mean.get("transfer_ms")
+    if transfer is None:
+        return None
+    return max(0.0, transfer - (mean.get("copy_ms") or 0.0))
 
 
 def _data_text(ms: float, pct: str) -> str:
@@ -123,9 +130,9 @@ def _host_text(ms: float, pct: str) -> str:
 
 def _copies_text(ms: float, pct: str) -> str:
     return (
-        f"host-to-device copies: the batch's copy took {ms:.2f} ms per batch on the compute "
-        f"stream ({pct}). First try: StreamPrefetcher (copies on a side stream) and "
-        "pin_memory=True in the DataLoader"
+        f"host-to-device copies: the batch's copy held the step back {ms:.2f} ms per batch on "
+        f"the compute stream, beyond the host's own work before the step ({pct}). First "
+        "try: StreamPrefetcher (copies on a side stream) and pin_memory=True in the DataLoader"
     )
 
 

@@ -7,10 +7,10 @@
 #   bash scripts/gpu_suite.sh [OUT_DIR]
 #
 # Uses .venv/bin/python when it exists, else python3: a machine with torch, lightning,
-# torchmetrics and torchvision installed is enough (nothing is downloaded). Without
-# jsonargparse the tests and the benchmark part that run the entry point say "skipped" /
-# "not run"; everything else runs (tests/test_packages_and_contracts.py checks the
-# collection that way on every CI run). matplotlib is optional. On a machine without a
+# torchmetrics and torchvision installed runs it (nothing is downloaded). Every GPU test
+# and benchmark part is a required check: one that skips or says "not run" (without
+# jsonargparse, those that run the entry point) fails the suite, and the last line says
+# "required GPU checks: N run, M skipped". matplotlib is optional. On a machine without a
 # network, WHEELHOUSE=dir installs the missing pieces first from a folder made elsewhere:
 #   make wheelhouse WHEELHOUSE=dir SKIP='torch|torchvision|triton|nvidia-.*|cuda-.*' \
 #     PLATFORM="manylinux_2_28_x86_64 manylinux_2_17_x86_64" PYTHON_VERSION=3.12
@@ -40,4 +40,7 @@ echo
 echo "== GPU tests: $(tail -n 1 "$out/gpu_tests.txt")"
 echo "== benchmark suite (python -m bench), full log in $out/bench.txt:"
 sed -n '/^claim /,$p' "$out/bench.txt" | grep . || tail -n 30 "$out/bench.txt"
-exit $(( tests_rc != 0 || bench_rc != 0 ))
+# Last: how many required checks ran; a skip is a failure of the suite, not a pass.
+"$py" scripts/required_checks.py "$out/gpu_tests.xml" "$out/bench.txt"
+checks_rc=$?
+exit $(( tests_rc != 0 || bench_rc != 0 || checks_rc != 0 ))

@@ -408,7 +408,17 @@ def main(args: list[str] | None = None) -> int:
     setup_logging()
     # Said once per rank by Lightning's all_gather (torch 2.10+); nothing a user can change.
     warnings.filterwarnings("ignore", message=r"torch\.distributed\.nn\.functional\.all_gather")
-    torch.set_float32_matmul_precision("high")  # TF32 matmuls on Ampere and newer GPUs
+    # TF32 matmuls on Ampere and newer GPUs, for this run only: a caller in the same process
+    # (a test, a notebook) gets its own setting back.
+    precision = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high")
+    try:
+        return _run(args)
+    finally:
+        torch.set_float32_matmul_precision(precision)
+
+
+def _run(args: list[str] | None) -> int:
     try:
         check_config_files(sys.argv[1:] if args is None else args)
         TemplateCLI(

@@ -50,7 +50,7 @@ class SaveAndStop(pl.Callback):
 class SignalAt(pl.Callback):
     """Sends ``signal`` (a name: SIGTERM, SIGINT) ``times`` times to this process after step
     ``step``, on rank ``rank`` only; ``step=-1``: when the sanity check starts, before
-    training."""
+    training; ``step=-2``: at the end of training, before the end-of-fit gathers."""
 
     def __init__(self, step: int, signal: str = "SIGTERM", rank: int = 0, times: int = 1):
         self.step, self.signum, self.rank = step, getattr(signal_module, signal), rank
@@ -64,6 +64,10 @@ class SignalAt(pl.Callback):
         if trainer.global_step == self.step and trainer.global_rank == self.rank:
             for _ in range(self.times):
                 os.kill(os.getpid(), self.signum)
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        if self.step == -2 and trainer.global_rank == self.rank:
+            os.kill(os.getpid(), self.signum)
 
 
 signal_module = signal

@@ -222,6 +222,24 @@ def test_ddp_sigterm_on_one_rank_stops_every_rank_at_the_same_step(tmp_path):
 
 
 @pytest.mark.slow
+def test_ddp_sigterm_on_one_rank_at_the_end_of_fit_ends_both_without_a_hang(tmp_path):
+    # After the last step every rank still gathers its reports (on_train_end, on_fit_end).
+    # Lightning's own SIGTERM handler broadcasts from inside the handler: on one rank only,
+    # that collective pairs with another rank's gather. The template's handler, kept until
+    # teardown, only takes note.
+    result = run_entry_point(
+        [*DDP, "--trainer.max_epochs=1", "--trainer.callbacks+=tests.faults_probe.SignalAt",
+         "--trainer.callbacks.init_args.step=-2", "--trainer.callbacks.init_args.rank=1",
+         "--trainer.callbacks+=tests.faults_probe.FailAt",  # here only to record the pids
+         "--trainer.callbacks.init_args.step=-1"],
+        cwd=tmp_path, timeout=180,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "idle time:" in result.stderr + result.stdout  # the end-of-fit reports came out
+    assert _all_exited(tmp_path)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("rank", "how", "says"),
     [

@@ -59,6 +59,13 @@ print("sanitized run ok")
 
 
 def test_prefetch_is_race_free_under_the_cuda_stream_sanitizer(tmp_path):
+    """What CSAN checks here: the side-stream copies issued from the main thread (the
+    pinned batches) against the compute stream's reads and writes of them, i.e. the
+    ``wait_event`` ordering. Not checked: the pageable batches' copies, issued from the
+    pinning thread (CSAN's dispatch mode is thread-local: they are invisible to it, and
+    only the values are compared), and the allocator's reuse of a handed-out batch's
+    memory (CSAN does not model ``record_stream``; the test below that overwrites a
+    batch checks it)."""
     import os
     import subprocess
     import sys
@@ -118,16 +125,17 @@ def test_copies_of_the_next_batch_overlap_the_current_steps_kernels(tmp_path):
     kernels = [e for e in events if e.get("cat") == "kernel"]
     assert len(copies) >= len(batches) and kernels
 
-    def overlap(a, b):
-        return min(a["ts"] + a["dur"], b["ts"] + b["dur"]) - max(a["ts"], b["ts"])
+    from gpu_busy.idle.intervals import overlap_length
 
     copy_streams = {c["args"].get("stream") for c in copies}
     kernel_streams = {k["args"].get("stream") for k in kernels}
     assert copy_streams.isdisjoint(kernel_streams), "copies ran on the compute stream"
-    # Every copy after the first (which nothing precedes) overlaps some kernel, by at
-    # least half its duration.
+    # Every copy after the first (which nothing precedes) runs at least half its duration
+    # while kernels run: against the union of the kernels' intervals, not any single one
+    # (with TF32 or a faster GPU each matmul is shorter than the copy).
+    busy = [(k["ts"], k["ts"] + k["dur"]) for k in kernels]
     later = sorted(copies, key=lambda e: e["ts"])[1:]
-    hidden = [max((overlap(c, k) for k in kernels), default=0) >= 0.5 * c["dur"] for c in later]
+    hidden = [overlap_length((c["ts"], c["ts"] + c["dur"]), busy) >= 0.5 * c["dur"] for c in later]
     assert sum(hidden) >= len(later) - 1, f"{sum(hidden)} of {len(later)} copies overlapped"
 
 
@@ -297,19 +305,24 @@ def test_an_injected_delay_through_fit_with_the_default_callbacks_is_a_sync_stal
             torch.cuda._sleep(5_000_000)  # a few ms of queued work per step
             return super().training_step(batch, batch_idx)
 
+    def fit(delay_ms: float) -> dict:
+        monitor = IdleTimeMonitor(warmup_steps=5, picture=False, log_stats=False)
+        trainer = pl.Trainer(
+            accelerator="gpu", devices=1, max_epochs=1, limit_train_batches=40,
+            limit_val_batches=0, logger=False, enable_checkpointing=False,
+            enable_progress_bar=False, enable_model_summary=False,
+            callbacks=[StreamPrefetcher(), SyncPointDetector(), _DrainThenWait(delay_ms),
+                       monitor, RunSummary()],
+        )  # fmt: skip
+        trainer.fit(Spin())
+        return monitor.report["mean"]
+
+    # The drained GPU waits the delay plus the loop's own work between steps, measured
+    # here by the same fit without the delay; 10% of the delay covers the timers' jitter.
+    loop_ms = fit(0.0)["idle_ms"]
     delay_ms = 5.0
-    monitor = IdleTimeMonitor(warmup_steps=5, picture=False, log_stats=False)
-    trainer = pl.Trainer(
-        accelerator="gpu", devices=1, max_epochs=1, limit_train_batches=40, limit_val_batches=0,
-        logger=False, enable_checkpointing=False, enable_progress_bar=False,
-        enable_model_summary=False,
-        callbacks=[StreamPrefetcher(), SyncPointDetector(), _DrainThenWait(delay_ms), monitor,
-                   RunSummary()],
-    )  # fmt: skip
-    trainer.fit(Spin())
-    mean = monitor.report["mean"]
-    # The drained GPU waits the delay plus Lightning's loop between steps (under 2 ms).
-    assert delay_ms <= mean["idle_ms"] <= delay_ms + 2.0, mean
+    mean = fit(delay_ms)
+    assert delay_ms <= mean["idle_ms"] <= delay_ms + loop_ms + 0.1 * delay_ms, (loop_ms, mean)
     assert mean["idle_sync_stall_ms"] >= 0.9 * delay_ms, mean
 
 
@@ -397,3 +410,155 @@ def test_the_detector_agrees_with_cudas_sync_debug_mode(case):
 def main(args: list[str]) -> int:
     """The entry point, where it can be imported (the test skips where it cannot)."""
     return cli_main()(args)
+
+
+# -- CUDA's sync warnings, one event each; the debug mode armed only where it is read -------
+# (their CPU stand-ins: tests/test_cuda_route.py)
+
+
+def test_stream_synchronize_and_a_backward_sync_are_one_event_each_on_cuda():
+    from gpu_busy.syncs import detect_syncs
+
+    x = torch.randn(64, device="cuda", requires_grad=True)
+    mask = torch.arange(64, device="cuda") % 2 == 0
+    torch.cuda.synchronize()
+    with detect_syncs(device_type="cuda") as rec:
+        torch.cuda.current_stream().synchronize()  # sync: stream
+        y = x[mask]  # sync: mask (and its backward)
+        y.sum().backward()
+        torch.where(mask)  # sync: where
+    lines = [(e.phase, e.lineno) for e in rec.events]
+    assert lines == [
+        ("forward", _line_of("# sync: stream")),
+        ("forward", _line_of("# sync: mask")),
+        ("backward", _line_of("# sync: mask")),
+        ("forward", _line_of("# sync: where")),
+    ], [str(e) for e in rec.events]
+
+
+class _OneItemPerStep(pl.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(32, 2)
+
+    def training_step(self, batch, batch_idx):
+        loss = self.layer(batch).sum()
+        self.seen = loss.item()  # one sync per step
+        return loss
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    def train_dataloader(self):
+        return torch.utils.data.DataLoader(torch.randn(64, 32), batch_size=8)
+
+
+class _CudaModeSpy(pl.Callback):
+    def __init__(self) -> None:
+        self.modes: dict[str, set[int]] = {}
+
+    def _see(self, where: str) -> None:
+        self.modes.setdefault(where, set()).add(torch.cuda.get_sync_debug_mode())
+
+    def on_train_batch_start(self, *args):
+        self._see("step")
+
+    def on_validation_batch_start(self, *args, **kwargs):
+        self._see("validation")
+
+    def on_train_epoch_end(self, *args):
+        self._see("epoch end")
+
+
+def test_a_cuda_fit_reports_one_event_per_sync_and_arms_the_mode_only_in_steps(tmp_path):
+    from gpu_busy.callbacks import IdleTimeMonitor, SyncPointDetector
+
+    spy = _CudaModeSpy()
+    detector = SyncPointDetector(first_steps=8, log_stats=False)
+    trainer = pl.Trainer(
+        accelerator="gpu", devices=1, max_epochs=2, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path,
+        callbacks=[IdleTimeMonitor(picture=False, log_stats=False), detector, spy],
+    )  # fmt: skip
+    trainer.fit(_OneItemPerStep())
+    assert detector.totals.watched >= 8
+    assert detector.totals.syncs == detector.totals.watched, detector.table.render()
+    assert spy.modes["step"] == {1} and spy.modes["epoch end"] == {0}, spy.modes
+    assert torch.cuda.get_sync_debug_mode() == 0
+
+
+def _sleep_cycles_per_ms() -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    torch.cuda._sleep(10_000_000)
+    end.record()
+    end.synchronize()
+    return 10_000_000 / start.elapsed_time(end)
+
+
+class _HostBeforeStep(pl.Callback):
+    """Drains the GPU, then keeps the host busy ``ms`` in on_train_batch_start."""
+
+    def __init__(self, ms: float) -> None:
+        self.ms = ms
+
+    def on_train_batch_start(self, *args) -> None:
+        torch.cuda.synchronize()
+        end = time.perf_counter() + self.ms / 1e3
+        while time.perf_counter() < end:
+            pass
+
+
+class _KernelsAfterStep(pl.Callback):
+    """Drains the GPU, then enqueues ``ms`` of device work in on_train_batch_end (an EMA)."""
+
+    def __init__(self, ms: float) -> None:
+        self.cycles = int(ms * _sleep_cycles_per_ms())
+
+    def on_train_batch_end(self, *args) -> None:
+        torch.cuda.synchronize()
+        torch.cuda._sleep(self.cycles)
+
+
+@pytest.mark.parametrize("callback", ["host before the step", "kernels after the step"])
+def test_idle_causes_on_cuda_mean_what_they_say(callback):
+    from lightning.pytorch.demos.boring_classes import BoringModel
+
+    from gpu_busy.callbacks import IdleTimeMonitor
+
+    ms = 4.0
+    extra = _HostBeforeStep(ms) if callback == "host before the step" else _KernelsAfterStep(ms)
+    monitor = IdleTimeMonitor(warmup_steps=5, picture=False, log_stats=False)
+    trainer = pl.Trainer(
+        accelerator="gpu", devices=1, max_epochs=1, limit_train_batches=30, limit_val_batches=0,
+        logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False, callbacks=[extra, monitor],
+    )  # fmt: skip
+    trainer.fit(BoringModel())
+    mean = monitor.report["mean"]
+    if callback == "host before the step":
+        assert mean["transfer_ms"] >= ms and mean["copy_ms"] < 0.5, mean
+    else:  # the 4 ms of kernels are device time; what is left idle is the loop's own
+        assert mean["device_ms"] >= 0.9 * ms and mean["idle_ms"] < 0.5 * ms, mean
+
+
+def test_a_nccl_barrier_prints_no_sync_warning_while_a_listener_holds_warn(capfd):
+    """One NCCL rank is enough for a barrier: its Work.wait stream-synchronizes, bound
+    without a Python warning handler, so under "warn" its warning would go to stderr."""
+    import torch.distributed as dist
+
+    from gpu_busy.cuda_sync_warnings import cuda_sync_warnings
+
+    torch.zeros(1, device="cuda")  # CUDA initialised: the listener arms the mode
+    dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        heard = []
+        with cuda_sync_warnings(lambda: heard.append(1)):
+            assert torch.cuda.get_sync_debug_mode() == 1
+            dist.barrier(device_ids=[torch.cuda.current_device()])
+        torch.cuda.synchronize()
+        err = capfd.readouterr().err
+        assert "synchronizing CUDA operation" not in err, err[-2000:]
+        assert heard == [] and torch.cuda.get_sync_debug_mode() == 0
+    finally:
+        dist.destroy_process_group()

@@ -397,6 +397,83 @@ def test_cuda_causes_launch_bound_when_the_gpu_ran_dry_before_the_step_was_enque
     )
 
 
+def _two_steps(scripted, host, device):
+    """Step 0 and step 1 through every mark, with the host clock and the device times
+    scripted (ms), in the order the timer reads them: start 0, end 0, hooks done, ready,
+    start 1, end 1."""
+    gpu, timer = scripted
+    import gpu_busy.idle.step_timer as st
+
+    clock = iter(host)
+    real = st.time.perf_counter
+    st.time.perf_counter = lambda: next(clock) / 1e3
+    try:
+        gpu.times += list(device)
+        timer.start_step()
+        timer.end_step()
+        timer.hooks_done()
+        timer.loader_wait(host[3] / 1e3, host[3] / 1e3)
+        timer.start_step()
+        timer.end_step()
+    finally:
+        st.time.perf_counter = real
+    return timer.close()[1]
+
+
+def test_a_callbacks_host_time_before_the_step_is_not_copy_time(scripted):
+    # The batch is at hand at once (100.05) while the GPU finishes step 0 (101); a
+    # callback then spends 8 ms in on_train_batch_start; the 1 ms copy ran at 101, hidden
+    # behind those 8 ms. The GPU waited 7 ms for the host, not for the copy.
+    step = _two_steps(
+        scripted,
+        host=[0, 100, 100.02, 100.05, 108.05, 118.05],
+        device=[0, 101, 101, 101, 108.05, 118.05],
+    )
+    assert step.transfer_ms == pytest.approx(7.05) and step.copy_ms == 0.0
+    assert step.idle_ms == 0.0
+    stats = IdleStats()
+    stats.add_step(step)
+    from gpu_busy.verdict import decide
+
+    mean = stats.means(cuda=True)
+    verdict = decide({"clock": "cuda events", "mean": mean, "ranks": [mean]})
+    assert verdict.cause == "host" and "copies" not in verdict.line, verdict.line
+
+
+def test_a_copy_that_outlasts_the_hosts_hooks_is_copy_time(scripted):
+    # The same 8 ms of hooks, but a 12 ms copy: it holds the step 4 ms past them.
+    step = _two_steps(
+        scripted,
+        host=[0, 100, 100.02, 110, 118, 128],
+        device=[0, 100, 100.02, 110, 122, 132],
+    )
+    assert step.transfer_ms == pytest.approx(12.0) and step.copy_ms == pytest.approx(4.0)
+
+
+def test_a_callbacks_device_work_after_the_step_is_not_idle(scripted):
+    # The GPU runs 5 ms behind the host at the step's end; a callback's on_train_batch_end
+    # (an EMA update) enqueues 3 ms of kernels in 0.05 ms; the GPU then idles until the
+    # batch is ready at 110.
+    step = _two_steps(
+        scripted,
+        host=[0, 100, 100.05, 110, 111, 120],
+        device=[0, 105, 108, 110, 111, 120],
+    )
+    assert step.idle_ms == pytest.approx(2.05)  # not 5: the EMA's 2.95 ms are work
+    assert step.device_ms == pytest.approx(9.0 + 2.95)
+    assert step.causes["other"] == pytest.approx(2.05)
+
+
+def test_a_callbacks_host_work_after_the_step_stays_idle(scripted):
+    # 6 ms of logging in on_train_batch_end enqueue nothing: the GPU idles through them.
+    step = _two_steps(
+        scripted,
+        host=[0, 100, 106, 110, 111, 120],
+        device=[0, 100, 106, 110, 111, 120],
+    )
+    assert step.idle_ms == pytest.approx(10.0) and step.device_ms == pytest.approx(9.0)
+
+
 # -- stats, series and the report ------------------------------------------------------
 
 

@@ -264,3 +264,33 @@ def test_the_lightning_functions_named_in_sync_fixes_exist():
     assert [marker for marker, _ in LIGHTNING_READS] == list(owners)
     for marker, owner in owners.items():
         assert hasattr(owner, marker.removeprefix("in ")), marker
+
+
+def test_lightnings_teardown_puts_back_the_handler_we_keep(tmp_path):
+    """Trainer._signal_connector._original_handlers: what Lightning re-registers in its
+    teardown, before on_fit_end. StopOnSignal's handler must still be there then."""
+    import signal
+
+    from lightning.pytorch.demos.boring_classes import BoringModel
+
+    from gpu_busy.callbacks import StopOnSignal
+
+    seen = {}
+
+    class Probe(pl.Callback):
+        def on_fit_end(self, trainer, pl_module):
+            seen["on_fit_end"] = signal.getsignal(signal.SIGTERM)
+
+    before = signal.getsignal(signal.SIGTERM)
+    stop = StopOnSignal()
+    trainer = pl.Trainer(
+        accelerator="cpu", max_steps=2, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path,
+        callbacks=[stop, Probe()],
+    )  # fmt: skip
+    connector = trainer._signal_connector
+    assert hasattr(connector, "_original_handlers") or hasattr(type(connector), "teardown")
+    trainer.fit(BoringModel())
+    assert isinstance(connector._original_handlers, dict), "_original_handlers was renamed"
+    assert seen["on_fit_end"] == stop.request._handle, "Lightning's handler came back first"
+    assert signal.getsignal(signal.SIGTERM) == before, "the original handler was not restored"

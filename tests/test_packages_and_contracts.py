@@ -204,3 +204,30 @@ def test_a_model_with_its_own_dataloaders_needs_no_datamodule(in_tmp):
     )  # fmt: skip
     assert code == 0
     assert (in_tmp / "runs" / "debug" / "version_0" / "checkpoints" / "last.ckpt").is_file()
+
+
+def test_the_gpu_suite_fails_when_a_required_check_skips(tmp_path):
+    junit = tmp_path / "gpu_tests.xml"
+    junit.write_text(
+        '<testsuites><testsuite name="pytest">'
+        '<testcase classname="tests.test_gpu" name="test_a"/>'
+        '<testcase classname="tests.test_gpu" name="test_b">'
+        '<skipped message="the entry point (LightningCLI) needs jsonargparse"/></testcase>'
+        "</testsuite></testsuites>"
+    )
+    bench = tmp_path / "bench.txt"
+    bench.write_text("claim overlap  ok\nclaim start-up  not run (the entry point needs ...)\n")
+    script = [sys.executable, str(ROOT / "scripts" / "required_checks.py"), str(junit), str(bench)]
+    result = subprocess.run(script, capture_output=True, text=True, timeout=60)
+    lines = result.stdout.strip().splitlines()
+    assert result.returncode == 1
+    assert lines[-1] == "required GPU checks: 1 run, 2 skipped", result.stdout
+    assert any("test_b" in line and "jsonargparse" in line for line in lines)
+    junit.write_text(
+        '<testsuites><testsuite><testcase classname="t" name="a"/></testsuite></testsuites>'
+    )
+    bench.write_text("claim overlap  ok\n")
+    result = subprocess.run(script, capture_output=True, text=True, timeout=60)
+    assert (
+        result.returncode == 0 and result.stdout.strip() == "required GPU checks: 1 run, 0 skipped"
+    )

@@ -160,3 +160,46 @@ def test_close_gives_the_events_of_unread_copies_back_to_the_pool():
     copier.close()
     assert copier._events.released == ["start", "end", "reached", "s2", "e2", "r2"]
     assert not copier._pending
+
+
+def test_fits_that_stop_early_give_their_in_flight_copies_events_back(monkeypatch):
+    """An iterator abandoned mid-epoch (early stopping, an exception) holds the timing
+    events of the copies it issued but never handed over; the copier's close frees them,
+    fit after fit. The CUDA calls are stand-ins: only the bookkeeping runs here."""
+    import contextlib
+
+    import gpu_busy.prefetch as prefetch
+
+    class FakeEvent:
+        def __init__(self, enable_timing=False):
+            pass
+
+        def record(self, stream=None):
+            pass
+
+        def query(self):
+            return True
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, end):
+            return 1.0
+
+    class FakeStream:
+        def wait_event(self, event):
+            pass
+
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(torch.cuda, "stream", lambda stream: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: FakeStream())
+    monkeypatch.setattr(prefetch, "_move", lambda batch, device, non_blocking: batch)
+    copier = StreamCopier("cuda:0", pin_memory=False, timing_events=8)
+    copier._stream = FakeStream()
+    for _fit in range(3):
+        batches = PrefetchIterator([torch.ones(2)] * 6, copier, depth=2)
+        next(batches)  # the fit stops after one step: two copies still in flight
+        del batches
+        copier.close()  # the callback's teardown
+        assert copier._events.in_use == 0
+    assert copier._events._created <= 8

@@ -169,3 +169,11 @@ def test_make_train_gpus_2_without_gpus_fails_before_spawning(tmp_path):
     assert len(lines) == 1
     assert f"asked for 2 GPU(s) but found {found}" in lines[0]
     assert "Traceback" not in result.stderr
+
+
+def test_the_entry_point_gives_the_callers_matmul_precision_back(in_tmp):
+    # Process-wide TF32 would leak into every test run after an in-process fit.
+    torch.set_float32_matmul_precision("highest")
+    args = ["--config", DEBUG, "--trainer.limit_train_batches=1", "--trainer.limit_val_batches=0"]
+    assert main(["fit", "--config", DEFAULT, *args]) == 0
+    assert torch.get_float32_matmul_precision() == "highest"

@@ -34,7 +34,8 @@ def gpu_report(**figures) -> dict:
         ({"idle_sync_stall_ms": 2.0, "idle_data_wait_ms": 1.0}, "syncs"),  # the larger
         ({"idle_launch_bound_ms": 1.0}, "launches"),
         ({"idle_other_ms": 1.0}, "host"),
-        ({"transfer_ms": 2.0}, "copies"),
+        ({"transfer_ms": 2.0, "copy_ms": 2.0}, "copies"),
+        ({"transfer_ms": 2.0, "copy_ms": 0.1}, "host"),  # the hooks held the step, not the copy
         ({"idle_data_wait_ms": 0.4, "idle_other_ms": 0.4}, "device"),  # each below 5%
     ],
 )

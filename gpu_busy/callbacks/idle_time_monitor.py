@@ -123,7 +123,8 @@ class IdleTimeMonitor(pl.Callback):
         """Time the step itself, wherever this callback sits in the list: its start after
         every callback's ``on_train_batch_start``, its end before any callback's
         ``on_train_batch_end`` (their logging-step reads, checkpoint saves and collectives
-        then fall between steps, where the GPU really waits for them)."""
+        then fall between steps, where the GPU really waits for them), and a mark after the
+        last one (the device work they enqueue is not idle)."""
         self._remove_edges(trainer)
         end, start = self._edges = (_StepEnd(self), _StepStart(self))
         # A new list, not an insert: Lightning is iterating the old one to call this hook.
@@ -291,10 +292,15 @@ class _StepEnd(pl.Callback):
 
 
 class _StepStart(pl.Callback):
-    """Last in the callback list: marks the start of the training step."""
+    """Last in the callback list: marks the start of the training step, and the point where
+    every callback's ``on_train_batch_end`` has run (what they enqueued is not idle)."""
 
     def __init__(self, monitor: IdleTimeMonitor) -> None:
         self.monitor = monitor
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if self.monitor.timer is not None:
+            self.monitor.timer.hooks_done()
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         if self.monitor.timer is not None:

@@ -47,13 +47,21 @@ class StopOnSignal(pl.Callback):
         self.every_n_steps = every_n_steps
         self.checks = 0  # DDP agreement checks run in this fit (for tests and curiosity)
         self.request = StopRequest()
+        self._stopped = False  # this fit ended in a save-and-stop
         self._undo_broadcast = None
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # Lightning installs its SIGTERM handler just before training; this replaces it.
         self.checks = 0
+        self._stopped = False
         self.request = StopRequest()
-        self.request.install()
+        if self.request.install():
+            # Kept until teardown: after training, every rank still gathers its reports
+            # (on_train_end, on_fit_end), and Lightning's own handler, which it would put
+            # back first, starts a broadcast inside the handler, on the signalled rank only.
+            handle = signal.getsignal(signal.SIGTERM)
+            found = compat.keep_handlers_past_teardown(trainer, {signal.SIGTERM: handle})
+            self.request.restore_to(found)
         # Lightning's per-step broadcast of its own flag is pure cost once its handler is
         # gone: turn it off entirely.
         self._undo_broadcast = compat.throttle_sigterm_broadcast(trainer, lambda: False)
@@ -82,6 +90,7 @@ class StopOnSignal(pl.Callback):
         name = _signal_name(signum)
         log.info("%s received: saving %s at step %d", name, path, trainer.global_step)
         trainer.save_checkpoint(path, weights_only=False)  # all ranks: zero writes, all wait
+        self._stopped = True
         raise TrainingStopped(
             f"{name} at step {trainer.global_step}; saved {path} (resume with --ckpt_path last)",
             exit_code=128 + signum,
@@ -89,13 +98,23 @@ class StopOnSignal(pl.Callback):
         )
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._restore(trainer)
+        self._restore_broadcast()
+
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if self.request.requested and not self._stopped and trainer.state.fn == "fit":
+            log.info(
+                "%s after the last training step: the run had finished, its reports are "
+                "written; nothing more to save",
+                self.request.name,
+                rank_zero_only=False,  # the signalled rank may be any
+            )
+        self.request.uninstall()
 
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
-        self._restore(trainer)
-
-    def _restore(self, trainer: pl.Trainer) -> None:
+        self._restore_broadcast()
         self.request.uninstall()
+
+    def _restore_broadcast(self) -> None:
         if self._undo_broadcast is not None:
             self._undo_broadcast()
             self._undo_broadcast = None

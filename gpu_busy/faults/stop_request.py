@@ -50,6 +50,13 @@ class StopRequest:
             self._previous[signum] = signal.signal(signum, self._handle)
         return True
 
+    def restore_to(self, handlers: dict[int, object]) -> None:
+        """At ``uninstall``, put these back for their signals instead of those found at
+        ``install``."""
+        for signum, handler in handlers.items():
+            if signum in self._previous:
+                self._previous[signum] = handler
+
     def uninstall(self) -> None:
         """Put back the handlers found at ``install``, where this one is still in place."""
         for signum, previous in self._previous.items():

@@ -83,11 +83,9 @@ def render_table(report: dict[str, Any]) -> list[str]:
         # On a host clock, "other" holds all the host's work between steps.
         problem = THRESHOLDS.get(causes.get(cause, "host"))
         row(f"  {_CAUSE_LABELS[cause]}", f"idle_{cause}_ms", problem)
-    row(
-        "batch transfer on the compute stream",
-        "transfer_ms",
-        THRESHOLDS["copies"] if cuda else None,
-    )
+    row("batch transfer on the compute stream", "transfer_ms")
+    if cuda:  # the rest of the transfer is the host's hooks before the step
+        row("  the copy, beyond the host's hooks", "copy_ms", THRESHOLDS["copies"])
     row("the step itself", "device_ms")
     if cuda:  # on a host clock these equal the rows above
         row("host: step", "host_step_ms", share=False)

@@ -37,6 +37,7 @@ class IdleStats(WindowSums):
     timed_steps: int = 0  # steps with device figures and a step boundary before them
     device_ms: float = 0.0
     transfer_ms: float = 0.0
+    copy_ms: float = 0.0  # the part of transfer_ms the host's time does not explain
     idle_ms: float = 0.0
     idle_data_wait_ms: float = 0.0  # idle while the host waited for the DataLoader
     idle_sync_stall_ms: float = 0.0
@@ -55,6 +56,7 @@ class IdleStats(WindowSums):
         self.timed_steps += 1
         self.device_ms += t.device_ms
         self.transfer_ms += t.transfer_ms or 0.0
+        self.copy_ms += t.copy_ms or 0.0
         self.idle_ms += t.idle_ms
         for cause in CAUSES:
             name = f"idle_{cause}_ms"
@@ -70,6 +72,8 @@ class IdleStats(WindowSums):
             "idle_ms": self.idle_ms / m if m else None,
             "device_ms": self.device_ms / m if m else None,
             "transfer_ms": self.transfer_ms / m if m else None,
+            # only a GPU queue tells a copy from the host's hooks
+            "copy_ms": self.copy_ms / m if m and cuda else None,
             "host_step_ms": self.host_ms / n if n else None,
             "host_backward_ms": self.host_backward_ms / n if n else None,
             "loader_wait_ms": self.loader_wait_ms / n if n else None,

@@ -1,12 +1,20 @@
 """Per-step GPU idle time from CUDA events on the compute stream, read without a sync.
 
-Four marks per training step, recorded on the compute stream as the host passes them::
+Five marks per training step, recorded on the compute stream as the host passes them::
 
-    end(N-1) ──idle── ready(N) ──transfer── start(N) ──device── end(N)
+    end(N-1) ──after── hooks_done(N-1) ──idle── ready(N) ──transfer── start(N) ──device── end(N)
 
 ``ready`` is recorded when the DataLoader handed over the step's batch: if the GPU
 drained before then, ``ready`` runs as soon as it is enqueued, so ``end(N-1) → ready(N)``
-is the time the compute stream had nothing to run. Events come from a bounded pool and
+is the time the compute stream had nothing to run, less the work other callbacks enqueued
+after the step (``hooks_done``: an EMA update), which counts as the step's device time.
+
+Between two marks the device time ``d`` and the host's time ``h`` are both known. The
+host's own work explains at most ``h`` of ``d``; only the excess ``d - h`` is proven to
+be device work. So the copy (``copy_ms``) is the part of ``ready → start`` the host's
+hooks and loop do not explain, and a callback's kernels after the step are the part of
+``end → hooks_done`` its host time does not explain: never the host's time under another
+name. Events come from a bounded pool and
 are read back with ``query()`` once complete, never with ``synchronize()``. Off CUDA, host
 clocks stand in for events and the figures only a GPU queue gives are None. How the idle
 interval is split into causes (data wait, sync stall, launch-bound, other) and the blind
@@ -46,12 +54,15 @@ class StepTiming:
     host_ms: float  # host wall time from the step's start to its end
     loader_wait_ms: float  # the host's wait for the DataLoader in the gap before the step
     device_ms: float | None  # the step on the compute stream
-    transfer_ms: float | None  # the batch's copy or the wait for it, on the compute stream
+    transfer_ms: float | None  # ready -> start on the compute stream: the copy and the hooks
     idle_ms: float | None  # None: the gap before was not a step boundary (epoch start...)
     causes: dict[str, float | None] = field(default_factory=dict)
     syncs: int = 0  # syncs the host started from the previous step's start to this one's
     # host time in backward(): under DDP on gloo it holds the wait for slower ranks
     host_backward_ms: float = 0.0
+    # the part of transfer_ms that the host's own time between ready and start does not
+    # explain: the batch's copy (or the wait for a side-stream copy) holding the step back
+    copy_ms: float | None = None
 
 
 class _HostEvent:
@@ -87,11 +98,13 @@ class _HostEventPool:
 class _Step:
     step: int
     prev_end: Any  # the previous step's end event; None when the gap is not a boundary
+    hooks_done: Any  # after every callback's on_train_batch_end of the previous step
     ready: Any
     start: Any
     end: Any = None
     h_prev_start: float = 0.0
     h_prev_end: float = 0.0
+    h_hooks_done: float = 0.0
     h_ready: float | None = None
     h_start: float = 0.0
     h_end: float = 0.0
@@ -142,6 +155,8 @@ class StepTimer:
         self._h_last_start = 0.0
         self._gap_ready: Any = None
         self._h_ready: float | None = None
+        self._gap_hooks_done: Any = None
+        self._h_hooks_done = 0.0
         self._gap_waits: list[Interval] = []
 
     @property
@@ -150,6 +165,14 @@ class StepTimer:
         return self._steps
 
     # -- marks, in step order ---------------------------------------------------------
+
+    def hooks_done(self) -> None:
+        """Every callback's ``on_train_batch_end`` has run: what they enqueued since
+        ``end_step`` is device work, not idle."""
+        if self._last_end is None or self._gap_hooks_done is not None:
+            return
+        self._gap_hooks_done = self._record()
+        self._h_hooks_done = time.perf_counter()
 
     def loader_wait(self, start_s: float, end_s: float) -> None:
         """The host waited for the DataLoader from ``start_s`` to ``end_s`` (perf_counter)."""
@@ -167,16 +190,19 @@ class StepTimer:
         self._current = _Step(
             step=self._steps,
             prev_end=self._last_end,  # the reference moves to this step
+            hooks_done=self._gap_hooks_done,
             ready=self._gap_ready,
             start=start,
             h_prev_start=self._h_last_start,
             h_prev_end=self._h_last_end,
+            h_hooks_done=self._h_hooks_done,
             h_ready=self._h_ready,
             h_start=h_start,
             waits=self._gap_waits,
             syncs=marks,
         )
         self._last_end, self._gap_ready, self._h_ready, self._gap_waits = None, None, None, []
+        self._gap_hooks_done = None
         self._h_last_start = h_start
         self._steps += 1
 
@@ -206,7 +232,9 @@ class StepTimer:
         for the next step's gap."""
         self._drop(self._last_end)
         self._drop(self._gap_ready)
+        self._drop(self._gap_hooks_done)
         self._last_end, self._gap_ready, self._h_ready, self._gap_waits = None, None, None, []
+        self._gap_hooks_done = None
 
     # -- read-back --------------------------------------------------------------------
 
@@ -218,7 +246,7 @@ class StepTimer:
         done = []
         while self._pending:
             step = self._pending[0]
-            marks = (step.prev_end, step.ready, step.start, step.end)
+            marks = (step.prev_end, step.hooks_done, step.ready, step.start, step.end)
             events = [e for e in marks if e is not None]
             if block:
                 for e in events:
@@ -263,12 +291,12 @@ class StepTimer:
             self._pool.release(event)
 
     def _discard(self, step: _Step) -> None:
-        for e in (step.prev_end, step.ready, step.start, step.end):
+        for e in (step.prev_end, step.hooks_done, step.ready, step.start, step.end):
             self._drop(e)
 
     def _resolve(self, step: _Step) -> StepTiming:
         waits_ms = 1e3 * sum(e - s for s, e in step.waits)
-        device = transfer = idle = None
+        device = transfer = copy = idle = None
         if step.start is not None and step.end is not None:
             device = step.start.elapsed_time(step.end)
         else:
@@ -277,8 +305,17 @@ class StepTimer:
             if step.ready is not None:
                 idle = max(0.0, step.prev_end.elapsed_time(step.ready))
                 transfer = max(0.0, step.ready.elapsed_time(step.start))
+                if self.is_cuda:
+                    copy = self._unexplained(transfer, step.h_start - step.h_ready)
             else:
                 idle = max(0.0, step.prev_end.elapsed_time(step.start))
+            if step.hooks_done is not None and self.is_cuda:
+                # The previous step's callbacks' kernels: device time, not idle.
+                after = step.prev_end.elapsed_time(step.hooks_done)
+                work = min(idle, self._unexplained(after, step.h_hooks_done - step.h_prev_end))
+                idle -= work
+                if device is not None:
+                    device += work
         idle_end = step.h_ready if step.ready is not None else step.h_start
         return StepTiming(
             step=step.step,
@@ -286,11 +323,18 @@ class StepTimer:
             loader_wait_ms=waits_ms,
             device_ms=device,
             transfer_ms=transfer,
+            copy_ms=copy,
             idle_ms=idle,
             causes=self._attribute(step, idle, idle_end),
             syncs=len(step.syncs),
             host_backward_ms=1e3 * step.h_backward,
         )
+
+    def _unexplained(self, device_ms: float, host_s: float) -> float:
+        """The part of a device interval that the host's time over it does not explain: work
+        the device did while the host had already moved on (within the tolerance: none)."""
+        excess = device_ms - 1e3 * host_s
+        return excess if excess > 1e3 * self._tolerance_s else 0.0
 
     def _attribute(
         self, step: _Step, idle_ms: float | None, idle_end: float | None

@@ -36,6 +36,8 @@ class Tensors:
         self.weight = torch.tensor([1.0, 2.0, 0.5], **on)
         self.w = torch.randn(4, generator=g).to(**on).requires_grad_()
         self.many = torch.arange(400, **on)
+        self.i = torch.tensor(2, **on)  # 0-dim integers: an index, a slice bound
+        self.n = torch.tensor(3, **on)
         # host memory: made on the CPU
         self.host_ind = self.ind.cpu().clone()
         self.host_scalar = torch.tensor(0.5)
@@ -89,6 +91,17 @@ def _scaler(t: Tensors):
 def _host_mask_to_device(t: Tensors):
     causal = torch.triu(torch.ones(4, 4), diagonal=1).bool()  # made on the host
     return t.x.masked_fill(causal.to(t.x.device)[0], 0.0)
+
+
+def _state_moved_with_its_owner(t: Tensors):
+    # A state made on the host in the step (as Lightning's logged-metric states are) and
+    # moved with its module: one blocking copy. From then on it is device memory: a copy of
+    # it that goes .to() the device again (torchmetrics' reset of its defaults) is device
+    # to device.
+    owner = torch.nn.Module()
+    owner.register_buffer("total", torch.zeros(()))
+    owner.to(t.device)
+    return owner.total.detach().clone().to(t.device)
 
 
 def _backward(fn: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[Tensors], None]:
@@ -168,6 +181,69 @@ CASES = [
         lambda t: t.host_scalar.to(t.device, non_blocking=True),
         0,
         "an async copy",
+    ),
+    # Every Python-level way of moving a host tensor to the device copies it, blocking
+    Case(
+        "type_as_a_device_tensor",
+        lambda t: torch.randn(3).type_as(t.x),
+        1,
+        "aten/src/ATen/native/TensorConversions.cpp: type_as is to(other.options())",
+    ),
+    Case(
+        "type_of_a_device_type_name",
+        lambda t: torch.ones(3).type(t.x.type()),
+        1,
+        "torch/csrc/utils/tensor_types.cpp: a cuda type name moves the tensor",
+    ),
+    Case("type_to_a_dtype", lambda t: t.x.type(torch.float64), 0, "a cast on the device"),
+    Case(
+        "new_tensor_from_a_list",
+        lambda t: t.x.new_tensor([1.0, 2.0]),
+        1,
+        "torch/csrc/utils/tensor_new.cpp: built on the host, copied to x's device",
+    ),
+    Case(
+        "as_tensor_on_device",
+        lambda t: torch.as_tensor([1.0, 2.0], device=t.device),
+        1,
+        "torch/csrc/utils/tensor_new.cpp: built on the host, copied over",
+    ),
+    Case(
+        "copy_into_a_device_tensor",
+        lambda t: t.x.clone().copy_(torch.ones(4)),
+        1,
+        "aten/src/ATen/native/cuda/Copy.cu: a blocking host-to-device copy",
+    ),
+    Case(
+        "state_moved_with_its_owner",
+        _state_moved_with_its_owner,
+        1,
+        "torch/nn/modules/module.py: Module.to copies each parameter; then device memory",
+    ),
+    # Python numbers PyTorch's C++ indexing reads from a device scalar
+    Case(
+        "index_with_a_device_scalar",
+        lambda t: t.x[t.i],
+        1,
+        "aten/src/ATen/TensorIndexing.h: handleDimInMultiDimIndexing, tensor.item()",
+    ),
+    Case(
+        "slice_with_a_device_bound",
+        lambda t: t.x[: t.n],
+        1,
+        "torch/csrc/autograd/python_variable_indexing.cpp: the bound's __index__",
+    ),
+    Case(
+        "assign_at_a_device_scalar",
+        lambda t: _set(t.x, t.i, 1.0),
+        1,
+        "aten/src/ATen/TensorIndexing.h: the index's item(); the value is filled",
+    ),
+    Case(
+        "repeat_interleave_of_counts",
+        lambda t: torch.repeat_interleave(t.repeats),
+        1,
+        "aten/src/ATen/native/Repeat.cpp: the output's length read back",
     ),
     # Sizes that depend on values
     Case("masked_select", lambda t: t.x.masked_select(t.mask), 1, "a size read"),

@@ -50,9 +50,10 @@ from gpu_busy.syncs.rules import (
     BACKWARD_RULES,
     FACTORIES,
     PYTHON_RULES,
+    DeviceTypeName,
     Rule,
     means_host,
-    to_target,
+    move_target,
 )
 
 T = TypeVar("T")
@@ -258,24 +259,27 @@ class SyncDetector:
 
     def place(self, func: Any, args: tuple, kwargs: dict, out: Any) -> Any:
         """Where a Python-level call put its result, the host or the device; returns the
-        result. ``.cpu()`` of a CPU tensor returns the tensor itself: the simulation hands
-        back a view of it instead (a new tensor, as on a GPU, with the same values and
-        autograd), so that marking the result leaves the source where it was."""
-        if func is torch.Tensor.cpu:
-            on_host = True
-        elif func is torch.Tensor.to:
-            device, like, _ = to_target(args, kwargs)
-            if device is None:
-                return out
-            on_host = means_host(self, device, like)
+        result. A move (``.cpu()``, ``.to(...)``, ``.type_as(...)``) of a CPU tensor that
+        is already where it goes returns the tensor itself: the simulation hands back a
+        view of it instead (a new tensor, as on a GPU, with the same values and autograd),
+        so that marking the result leaves the source where it was. ``p.data = t`` (how
+        ``Module.to`` moves parameters) puts ``p`` where ``t`` is."""
+        target = move_target(self, func, args, kwargs)
+        if target is not None:
+            on_host = target
         elif func in FACTORIES and not _excused_in_simulation():
             device = kwargs.get("device")
             on_host = device is None or means_host(self, device)
+        elif _sets_data(func) and len(args) == 2 and isinstance(args[1], torch.Tensor):
+            self._put(args[0], args[1] in self._host)
+            return out
+        elif func is torch.Tensor.type and isinstance(out, str) and self.on_device(args[0]):
+            return DeviceTypeName(out)  # what x.type() names on a GPU: a device type
         else:
             return out
         if isinstance(out, torch.Tensor) and args and out is args[0]:
-            if not on_host or not self.on_device(out):
-                return out
+            if on_host == (out in self._host):
+                return out  # already where it goes: no copy on a GPU either
             out = out.view_as(out)
         self._put(out, on_host)
         return out
@@ -692,6 +696,14 @@ class _FunctionLayer(TorchFunctionMode):
         grad_fn = getattr(out, "grad_fn", None)
         if grad_fn is not None and rule.applies(self.d, args, kwargs):
             grad_fn.metadata[_BACKWARD_SYNC] = (rule, _event_here(rule.label, "forward", None))
+
+
+_DATA = torch._C.TensorBase.__dict__["data"]
+
+
+def _sets_data(func: Any) -> bool:
+    """``tensor.data = other``, as the function layer sees it (a bound descriptor setter)."""
+    return getattr(func, "__self__", None) is _DATA and getattr(func, "__name__", "") == "__set__"
 
 
 def _call_name(func: Any) -> str:

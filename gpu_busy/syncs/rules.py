@@ -97,6 +97,40 @@ def to_target(args: tuple, kwargs: dict) -> tuple[Any, torch.Tensor | None, bool
     return device, like, bool(kwargs.get("non_blocking", flags[0] if flags else False))
 
 
+class DeviceTypeName(str):
+    """``x.type()`` of a device tensor in the CPU simulation: the same string as the CPU
+    gives ("torch.FloatTensor"), remembered as naming a device type, so that
+    ``h.type(x.type())`` moves ``h`` to the device as it does on a GPU."""
+
+
+def move_target(d: Any, func: Any, args: tuple, kwargs: dict) -> bool | None:
+    """Where a Python-level move sends its tensor: True the host, False the device, None
+    not a move (a dtype change, another call). The ways of moving a tensor: ``.cpu()``,
+    ``.to(...)`` in each of its forms, ``.type_as(other)`` and ``.type(name)``."""
+    if func is torch.Tensor.cpu:
+        return True
+    if func is torch.Tensor.to:
+        device, like, _ = to_target(args, kwargs)
+        return None if device is None else means_host(d, device, like)
+    if func is torch.Tensor.type_as:
+        other = arg(args, kwargs, 1, "other")
+        return means_host(d, None, other) if isinstance(other, torch.Tensor) else None
+    if func is torch.Tensor.type:
+        name = arg(args, kwargs, 1, "dtype")
+        if not isinstance(name, str):
+            return None  # a torch.dtype, or no argument: the type's name is returned
+        return not (isinstance(name, DeviceTypeName) or ".cuda." in name)
+    return None
+
+
+def _move_syncs(d: Any, args: tuple, kwargs: dict, func: Any) -> bool:
+    target = move_target(d, func, args, kwargs)
+    if target is None:
+        return False
+    non_blocking = bool(kwargs.get("non_blocking", False))
+    return _blocking_copy(d, args[0], target, non_blocking)
+
+
 def _blocking_copy(d: Any, src: Any, to_host: bool, non_blocking: bool) -> bool:
     """A copy between host and device that the host waits for: device to host unless
     ``non_blocking`` (a pinned copy filled later), host to device unless ``non_blocking``
@@ -124,18 +158,43 @@ def _copy_syncs(d: Any, args: tuple, kwargs: dict) -> bool:
 
 def _host_index(d: Any, index: Any) -> bool:
     """An index tensor in host memory on a device tensor: copied over first, blocking."""
-    return any(isinstance(i, torch.Tensor) and not d.on_device(i) for i in index_parts(index))
+    return any(
+        isinstance(i, torch.Tensor) and i.dim() > 0 and not d.on_device(i)
+        for i in index_parts(index)
+    )
+
+
+def _number_index(d: Any, index: Any) -> bool:
+    """A device tensor the indexing code turns into a Python int: a 0-dim integer tensor
+    (aten/src/ATen/TensorIndexing.h, handleDimInMultiDimIndexing: ``tensor.item()``) or a
+    slice bound (``__index__``), e.g. ``x[i]`` or ``x[:n]`` with ``i``, ``n`` on the device."""
+    for i in index_parts(index):
+        bounds = (i.start, i.stop, i.step) if isinstance(i, slice) else (i,)
+        for b in bounds:
+            if (
+                isinstance(b, torch.Tensor)
+                and b.dim() == 0
+                and not is_mask(b)
+                and not b.is_floating_point()
+                and d.on_device(b)
+            ):
+                return True
+    return False
 
 
 def _getitem_syncs(d: Any, args: tuple, kwargs: dict) -> bool:
+    index = args[1]
+    if _number_index(d, index):
+        return True
     if not d.on_device(args[0]):
         return False
-    index = args[1]
     return any(is_mask(i) for i in index_parts(index)) or _host_index(d, index)
 
 
 def _setitem_syncs(d: Any, args: tuple, kwargs: dict) -> bool:
     self_, index, value = args[0], args[1], args[2]
+    if _number_index(d, index):
+        return True
     if not d.on_device(self_):
         return False
     if _host_index(d, index):
@@ -189,12 +248,25 @@ def _tensor_from_data_syncs(d: Any, args: tuple, kwargs: dict) -> bool:
 
 
 def _repeat_interleave_syncs(d: Any, args: tuple, kwargs: dict) -> bool:
-    repeats = arg(args, kwargs, 1, "repeats")
+    # repeat_interleave(counts), its one-argument form, repeats the indices: counts are
+    # the repeats, and the output's length is read back the same way.
+    repeats = arg(args, kwargs, 1, "repeats", args[0] if len(args) == 1 else None)
     return (
-        d.on_device(args[0])
-        and isinstance(repeats, torch.Tensor)
+        isinstance(repeats, torch.Tensor)
+        and (d.on_device(args[0]) or d.on_device(repeats))
         and arg(args, kwargs, 3, "output_size") is None
     )
+
+
+def _new_tensor_syncs(d: Any, args: tuple, kwargs: dict) -> bool:
+    # x.new_tensor(data) builds data on the host and copies it to x's device, blocking,
+    # like torch.tensor(data, device=x.device); device data is a copy on the device.
+    data = arg(args, kwargs, 1, "data")
+    device = kwargs.get("device")
+    to_device = d.on_device(args[0]) if device is None else not means_host(d, device)
+    if isinstance(data, torch.Tensor):
+        return _blocking_copy(d, data, not to_device, False)
+    return to_device
 
 
 # -- the tables ----------------------------------------------------------------------------
@@ -234,6 +306,25 @@ PYTHON_RULES: dict[Any, Rule] = {
         "Tensor.to (a blocking copy between host and device)",
         "copy with non_blocking=True (from pinned memory to the device), or create it there",
         _to_syncs,
+        owns=True,
+    ),
+    torch.Tensor.type_as: Rule(
+        "Tensor.type_as (a blocking copy between host and device)",
+        "create it on the device: torch.randn(n, d, device=x.device, dtype=x.dtype)",
+        lambda d, a, k: _move_syncs(d, a, k, torch.Tensor.type_as),
+        owns=True,
+    ),
+    torch.Tensor.type: Rule(
+        "Tensor.type (a blocking copy between host and device)",
+        "create it on the device (device=x.device), or convert the dtype only: .to(dtype)",
+        lambda d, a, k: _move_syncs(d, a, k, torch.Tensor.type),
+        owns=True,
+    ),
+    torch.Tensor.new_tensor: Rule(
+        "Tensor.new_tensor(host data) (a blocking copy to the device)",
+        "create it on the device (new_full, new_zeros, torch.arange(..., device=x.device)), "
+        "or once, outside the step",
+        _new_tensor_syncs,
         owns=True,
     ),
     torch.Tensor.copy_: Rule(

@@ -554,3 +554,28 @@ def test_under_github_actions_user_syncs_become_annotations_on_the_diff(monkeypa
     with pytest.raises(AssertionError):
         assert_no_syncs(_item)
     assert capsys.readouterr().out.startswith("\n::warning file=tests/test_syncs.py,line=")
+
+
+def test_an_optimizers_step_counters_are_host_memory_however_they_were_made():
+    """Adam keeps state["step"] on the host unless capturable or fused; counters made before
+    watching began, or loaded on resume, are not device reads either."""
+    w = torch.nn.Parameter(torch.ones(4))
+    data = torch.arange(4.0)
+    trained = torch.optim.Adam([w], lr=0.1)
+    (w * data).sum().backward()
+    trained.step()  # its counters exist before any detector
+    resumed = torch.optim.Adam([w], lr=0.1)
+    resumed.load_state_dict(trained.state_dict())
+
+    def step(optimizer):
+        optimizer.zero_grad()
+        (w * data).sum().backward()
+        optimizer.step()
+
+    assert_no_syncs(step, trained)
+    assert_no_syncs(step, resumed)
+    capturable = torch.optim.Adam([w], lr=0.1, capturable=True)
+    capturable.load_state_dict(trained.state_dict())
+    with detect_syncs(device_type="cpu") as rec:
+        step(capturable)  # its counters live on the device and are read there: no .item()
+    assert rec.internal_errors == 0

@@ -24,7 +24,6 @@ import time
 from dataclasses import asdict, dataclass
 
 import lightning.pytorch as pl
-import torch
 
 from gpu_busy import lightning_compat as compat
 from gpu_busy.callbacks.ranks import gather_objects, gather_rows, log_metrics, publish, run_dir
@@ -197,7 +196,6 @@ class SyncPointDetector(pl.Callback):
     def _start(self, trainer: pl.Trainer) -> None:
         if self.detector is None:
             return
-        self.detector.mark_host(*_host_step_counters(trainer))
         self._watching = True
         self.detector.take()
         self.detector.strict = False  # armed in on_train_batch_start, once the step is known
@@ -328,21 +326,6 @@ class SyncPointDetector(pl.Callback):
             "sync_idle_share": costs[0] / step_ms if costs and step_ms else None,
             "sync_host_ms_per_batch": costs[1] if costs else None,
         }
-
-
-def _host_step_counters(trainer: pl.Trainer) -> list:
-    """The step counters of optimizers that keep them on the host (torch.optim's Adam and
-    its kin unless capturable or fused): reading one is no sync on a GPU."""
-    out = []
-    for optimizer in trainer.optimizers:
-        for group in optimizer.param_groups:
-            if group.get("capturable") or group.get("fused"):
-                continue
-            for p in group["params"]:
-                step = optimizer.state.get(p, {}).get("step")
-                if isinstance(step, torch.Tensor) and step.numel() == 1:
-                    out.append(step)
-    return out
 
 
 def _costliest(rows: list[list[float]]) -> tuple[float | None, float | None]:

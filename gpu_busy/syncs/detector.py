@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import torch
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakIdKeyDictionary
@@ -197,6 +198,8 @@ class SyncDetector:
             self._track_ops = self._arm_cuda()
             if self._track_ops:
                 stack.enter_context(self._cuda_debug_warnings())
+            if self.simulating:
+                stack.enter_context(_host_step_counters(self))
             stack.enter_context(_FunctionLayer(self))
             stack.enter_context(_DispatchLayer(self))
         except BaseException:
@@ -699,6 +702,31 @@ class _FunctionLayer(TorchFunctionMode):
 
 
 _DATA = torch._C.TensorBase.__dict__["data"]
+
+
+@contextlib.contextmanager
+def _host_step_counters(d: SyncDetector) -> Iterator[None]:
+    """Before each optimizer step, its step counters are host memory where a GPU run keeps
+    them there: torch.optim's Adam and its kin unless capturable or fused
+    (``torch/optim/adam.py``: ``_get_value(step)`` reads one with ``.item()``, no wait). So
+    counters made before watching began, or loaded on resume, are not device reads."""
+
+    def mark(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        for group in optimizer.param_groups:
+            if group.get("capturable") or group.get("fused"):
+                continue
+            for p in group["params"]:
+                step = optimizer.state.get(p, {}).get("step")
+                if isinstance(step, torch.Tensor) and step.numel() == 1:
+                    d.mark_host(step)
+
+    handle = register_optimizer_step_pre_hook(
+        lambda optimizer, args, kwargs: d.guarded(mark, optimizer, args, kwargs)
+    )
+    try:
+        yield
+    finally:
+        handle.remove()
 
 
 def _sets_data(func: Any) -> bool:

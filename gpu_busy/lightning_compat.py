@@ -65,6 +65,16 @@ def fetcher_counts(loop: Any) -> tuple[int | None, int, int]:
     return length, int(fetcher.fetched), lookahead
 
 
+def fetched_ahead(loop: Any) -> list:
+    """The batches the loop's fetcher has already read and holds for the next steps (a
+    loader without a length: Lightning reads one ahead, at ``iter()``, before any hook of
+    the pass), as ``(batch, batch_idx, dataloader_idx)``; the list itself, to replace in."""
+    # Private: loop._data_fetcher.batches (_PrefetchDataFetcher, Lightning 2.0 to 2.6).
+    fetcher = getattr(loop, "_data_fetcher", None)
+    batches = getattr(fetcher, "batches", None)
+    return batches if isinstance(batches, list) else []
+
+
 def combined_loader(loop: Any) -> Any | None:
     """The CombinedLoader a loop's fetcher iterates, or None before the loop has one."""
     # Private: loop._combined_loader (Lightning 2.0 to 2.6).
@@ -115,6 +125,20 @@ def keep_handlers_past_teardown(trainer: pl.Trainer, handlers: dict[int, Any]) -
             found[signum] = saved[signum]
             saved[signum] = handler
     return found
+
+
+def ddp_used_parameter_map(trainer: pl.Trainer) -> Any | None:
+    """DDP's map of the parameters used in a step, on the device, where its reducer keeps
+    one (``find_unused_parameters=True`` without a static graph); None otherwise."""
+    model = trainer.strategy.model  # the DistributedDataParallel wrapper under DDP
+    reducer = getattr(model, "reducer", None)
+    if reducer is None or not getattr(model, "find_unused_parameters", False):
+        return None
+    if getattr(model, "static_graph", False):
+        return None
+    # Private, in torch: Reducer._get_local_used_map (torch 2.0 to 2.14), the device map
+    # that reducer.cpp copies into its host map once per backward.
+    return reducer._get_local_used_map()
 
 
 def child_exit_codes(trainer: pl.Trainer) -> dict[int, int | None]:

@@ -24,11 +24,18 @@ class BestCheckpoint(ModelCheckpoint):
     """``ModelCheckpoint`` that skips its saves while ``monitor`` has not been logged."""
 
     _warned = False
+    _validated = False  # a validation (not the sanity check) has run in this fit
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
+        self._validated = False
 
     def _logged(self, trainer: pl.Trainer) -> bool:
         if self.monitor is None or self.monitor in trainer.callback_metrics:
             return True
-        if not self._warned:
+        # A metric logged in validation only (the usual case) is missing until the first
+        # validation: say nothing before one has run, where the fit validates at all.
+        if not self._warned and (self._validated or not trainer.enable_validation):
             self._warned = True
             log.warning(
                 "no best checkpoint: the model never logged %r (the monitor of the best "
@@ -47,5 +54,9 @@ class BestCheckpoint(ModelCheckpoint):
             super().on_train_epoch_end(trainer, pl_module)
 
     def on_validation_end(self, trainer, pl_module) -> None:
-        if trainer.sanity_checking or self._logged(trainer):
+        if trainer.sanity_checking:
+            super().on_validation_end(trainer, pl_module)
+            return
+        self._validated = True
+        if self._logged(trainer):
             super().on_validation_end(trainer, pl_module)

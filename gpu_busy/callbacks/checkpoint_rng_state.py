@@ -18,6 +18,7 @@ import torch
 
 from gpu_busy.log import get_logger
 from gpu_busy.resume.rng_state import capture_rng_state, restore_rng_state
+from gpu_busy.syncs import allow_syncs
 
 log = get_logger(__name__)
 
@@ -38,9 +39,10 @@ class CheckpointRngState(pl.Callback):
             return {}
         # Every rank writes a checkpoint's contents (rank zero alone saves them), so this
         # all-gather runs on every rank at the same point.
-        mine = capture_rng_state().to(trainer.strategy.root_device)
-        states = trainer.strategy.all_gather(mine) if trainer.world_size > 1 else mine[None]
-        return {"per_rank": states.cpu()}
+        with allow_syncs("CheckpointRngState: generator states travel with each save"):
+            mine = capture_rng_state().to(trainer.strategy.root_device)
+            states = trainer.strategy.all_gather(mine) if trainer.world_size > 1 else mine[None]
+            return {"per_rank": states.cpu()}
 
     def load_state_dict(self, state_dict: dict) -> None:
         states = state_dict.get("per_rank")

@@ -64,6 +64,16 @@ class StreamPrefetcher(pl.Callback):
     # -- set-up and tear-down ------------------------------------------------------
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if not isinstance(pl_module, pl.LightningModule):
+            bases = [
+                c.__module__ for c in type(pl_module).__mro__ if c.__name__ == "LightningModule"
+            ]
+            where = (bases or [type(pl_module).__module__])[0].split(".")[0]
+            raise TypeError(
+                f"StreamPrefetcher needs lightning.pytorch objects, and the model is a "
+                f"{where} LightningModule: import LightningModule and Trainer from "
+                "lightning.pytorch (the pytorch_lightning package's classes are others)"
+            )
         custom = [
             f"{type(owner).__name__}.{hook}"
             for owner in (pl_module, trainer.datamodule)
@@ -131,6 +141,12 @@ class StreamPrefetcher(pl.Callback):
         loader = batch_routing.route_batches(loop, make_iterator)
         if loader is not None and loader not in self._routed:
             self._routed.append(loader)
+            # Read before the loader was routed (Lightning's look-ahead for a loader without
+            # a length): moved here, so that every batch reaches the step the same way.
+            held = compat.fetched_ahead(loop)
+            for i, item in enumerate(held):
+                stats.batches += 1
+                held[i] = self._copier.finish(self._copier.start(item), stats)
 
     # -- figures ---------------------------------------------------------------------
 

@@ -29,6 +29,7 @@ from gpu_busy import lightning_compat as compat
 from gpu_busy.callbacks.ranks import gather_objects, gather_rows, log_metrics, publish, run_dir
 from gpu_busy.log import get_logger
 from gpu_busy.syncs.detector import SyncDetector
+from gpu_busy.syncs.rules import DDP_USED_MAP
 from gpu_busy.syncs.sampling import WatchSchedule
 from gpu_busy.syncs.sites import SyncSiteTable, github_annotations, in_github_actions
 from gpu_busy.verdict import THRESHOLDS
@@ -196,6 +197,9 @@ class SyncPointDetector(pl.Callback):
     def _start(self, trainer: pl.Trainer) -> None:
         if self.detector is None:
             return
+        used_map = compat.ddp_used_parameter_map(trainer)
+        if used_map is not None:
+            self.detector.copies_to_host(used_map, *DDP_USED_MAP)
         self._watching = True
         self.detector.take()
         self.detector.strict = False  # armed in on_train_batch_start, once the step is known

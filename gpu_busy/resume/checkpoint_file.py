@@ -33,8 +33,11 @@ import shutil
 import zipfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import torch
+from lightning_utilities.core.apply_func import apply_to_collection
 
 # Left free beyond the file itself, so a save never takes a shared disk's last bytes.
 FREE_MARGIN_BYTES = 16 * 2**20
@@ -93,6 +96,13 @@ def _fsync_folder(folder: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def plain_numbers(checkpoint: Any) -> Any:
+    """``checkpoint`` with NumPy scalars as the Python numbers they hold (the same values):
+    ``torch.load(weights_only=True)`` refuses NumPy's types, and a schedule computed with
+    NumPy puts ``numpy.float64`` learning rates into the optimizer's and scheduler's state."""
+    return apply_to_collection(checkpoint, np.generic, lambda x: x.item())
 
 
 def read_checkpoint(path: str | os.PathLike) -> dict:

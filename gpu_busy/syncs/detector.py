@@ -168,6 +168,7 @@ class SyncDetector:
         # On a machine without the device, its tensors are CPU tensors: the simulation.
         self.simulating = self.device_type == "cpu"
         self._host = WeakIdKeyDictionary()  # simulation: tensors that live on the host
+        self._mirrors: dict[int, tuple[str, str]] = {}  # see copies_to_host
         self.strict = strict
         self.cuda_debug = cuda_debug
         self.phase = "forward"
@@ -253,6 +254,30 @@ class SyncDetector:
         """In the CPU simulation, count these tensors as host memory."""
         if self.simulating:
             self._put(list(tensors), on_host=True)
+
+    def copies_to_host(self, tensor: torch.Tensor, label: str, hint: str) -> None:
+        """``tensor`` is device memory that a library copies into a host tensor of its own
+        (``copy_`` in C++, then host reads of that copy): each such copy is one event,
+        ``label`` with ``hint``, and in the CPU simulation its destination is host memory.
+        DDP's reducer does this with its used-parameter map under
+        ``find_unused_parameters=True``: one blocking copy per backward on a GPU."""
+        self._mirrors[tensor.data_ptr()] = (label, hint)
+
+    def host_mirror_of(self, func: Any, args: tuple) -> tuple[str, str] | None:
+        """The (label, hint) of a ``copy_`` out of a tensor given to ``copies_to_host``."""
+        if not self._mirrors or func is not _COPY or len(args) < 2:
+            return None
+        src = args[1]
+        return self._mirrors.get(src.data_ptr()) if isinstance(src, torch.Tensor) else None
+
+    def follow_mirror(self, args: tuple) -> None:
+        """In the simulation, the library's own copy on the other side of a mirrored
+        device tensor (what it copies into it, and out of it) is host memory."""
+        dst, src = args[0], args[1]
+        if src.data_ptr() in self._mirrors:
+            self.mark_host(dst)
+        elif dst.data_ptr() in self._mirrors:
+            self.mark_host(src)
 
     def follow_inputs(self, args: tuple, kwargs: dict, out: Any) -> None:
         """What is computed from host tensors alone is on the host."""
@@ -618,6 +643,8 @@ class _DispatchLayer(TorchDispatchMode):
         sync = d.guarded(self._observe, func, args, kwargs)
         out = d.run_op(func, args, kwargs, str(func), bool(sync), entered, aten=True)
         returned = time.perf_counter() if d.timeline.idle_since is not None else None
+        if d.simulating and d._mirrors and func is _COPY:
+            d.guarded(d.follow_mirror, args)
         if d.simulating and d._host:
             d.guarded(d.follow_inputs, args, kwargs, out)
         if returned is not None:
@@ -638,6 +665,15 @@ class _DispatchLayer(TorchDispatchMode):
                 rule, forward = backward
                 d.record(rule.label, aten=str(func), forward=forward, hint=rule.hint)
             return True
+        mirror = d.host_mirror_of(func, args)
+        if mirror is not None:
+            d.record(mirror[0], aten=str(func), hint=mirror[1])
+            return True
+        if d._mirrors and func is _SCALAR_READ and _in_a_cpp_gradient_hook(node):
+            # DDP's reducer reading its host map from its C++ hook on a parameter's
+            # AccumulateGrad (reducer.cpp, autograd_hook), before the first copy has
+            # shown which tensor that map is: a host read on a GPU.
+            return False
         rule = ATEN_RULES.get(func.overloadpacket)
         if rule is None or not rule.applies(d, args, kwargs):
             return False
@@ -646,6 +682,30 @@ class _DispatchLayer(TorchDispatchMode):
 
 
 _BACKWARD_SYNC = "gpu_busy_backward_sync"
+_COPY = torch.ops.aten.copy_.default
+_SCALAR_READ = torch.ops.aten._local_scalar_dense.default
+_ENGINE = os.path.join(_TORCH_DIR, "autograd", "graph.py")
+# Frames between a dispatched op and the code that ran it: this package's layers and the
+# wrapper torch puts around a mode's __torch_dispatch__ (torch._disable_dynamo).
+_NOT_CALLERS = (
+    _PACKAGE_DIR,
+    os.path.join(_TORCH_DIR, "_dynamo", "eval_frame.py"),
+    os.path.join(_TORCH_DIR, "_compile.py"),
+)
+
+
+def _in_a_cpp_gradient_hook(node: Any) -> bool:
+    """An op run by C++ code hooked on a parameter's gradient accumulation: the current
+    autograd node is an ``AccumulateGrad`` and no Python frame stands between the op and
+    the autograd engine's entry (a Python hook would be one)."""
+    if node is None or type(node).__name__ != "AccumulateGrad":
+        return False
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_code.co_filename.startswith(_NOT_CALLERS):
+        frame = frame.f_back
+    return frame is not None and frame.f_code.co_filename == _ENGINE
+
+
 # aten ops that allocate or alias without a kernel: not the end of an idle after a sync.
 _NO_KERNEL = frozenset(
     getattr(torch.ops.aten, name)

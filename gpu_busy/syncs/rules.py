@@ -519,6 +519,27 @@ BACKWARD_RULES[torch.prod] = BACKWARD_RULES[torch.Tensor.prod] = Rule(
 BACKWARD_RULES[torch.Tensor.cumprod] = BACKWARD_RULES[torch.cumprod]
 BACKWARD_RULES[torch.masked_scatter] = BACKWARD_RULES[torch.Tensor.masked_scatter]
 
+# Reads a library makes on the caller's behalf, by the function in the chain that makes it
+# (``SyncEvent.chain``), with the fix at the caller's side; first match wins.
+LIBRARY_READS: tuple[tuple[str, str], ...] = (
+    (
+        # torch/nn/modules/transformer.py, _detect_is_causal_mask: without a hint, it
+        # compares the mask with a causal one (torch.equal) on every forward.
+        "in _detect_is_causal_mask",
+        "tell nn.Transformer* the mask is causal: pass tgt_is_causal=True (decoder) or "
+        "is_causal=True (encoder) with the causal mask, and it compares nothing",
+    ),
+)
+
+# torch/csrc/distributed/c10d/reducer.cpp: under find_unused_parameters=True (and no static
+# graph) the reducer all-reduces its map of used parameters on the device, copies it back
+# to its host map once per backward (blocking), then reads the host map per parameter.
+DDP_USED_MAP = (
+    "DDP's reducer: the used-parameter map copied to the host (find_unused_parameters=True)",
+    "pass find_unused_parameters=False if every parameter gets a gradient every step, or "
+    "static_graph=True if the same ones go unused every step: DDP then keeps no map",
+)
+
 # Calls that make a tensor: without device= (or with the string "cpu") it is on the host.
 FACTORIES = frozenset(
     getattr(torch, name)

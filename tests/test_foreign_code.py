@@ -127,6 +127,8 @@ def test_the_transformer_demo_copies_its_mask_to_the_device_every_step(tmp_path,
     ) in sites
     assert any(op == "bool(tensor)" for op, _ in sites)
     assert all(s.location.startswith("lightning/pytorch/demos/") for s in steady_sites(detector))
+    (causal_check,) = [s for s in steady_sites(detector) if s.op.startswith("bool(tensor)")]
+    assert "is_causal=True" in causal_check.hint, causal_check.hint  # the fix, not "log it"
 
 
 class LSTM(LightningLSTM):

@@ -111,8 +111,15 @@ def in_tmp(tmp_path: Path, monkeypatch) -> Path:
     return tmp_path
 
 
-def run_entry_point(args: list[str], cwd: Path, timeout: float = 240, env: dict | None = None):
-    """Run ``python -m template.train`` as a user would; returns the CompletedProcess."""
+def run_entry_point(
+    args: list[str],
+    cwd: Path,
+    timeout: float = 240,
+    env: dict | None = None,
+    new_session: bool = False,
+):
+    """Run ``python -m template.train`` as a user would; returns the CompletedProcess.
+    ``new_session``: in a process group of its own, which the run may signal whole."""
     needs_cli()
     full_env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", **(env or {})}
     return subprocess.run(
@@ -122,4 +129,5 @@ def run_entry_point(args: list[str], cwd: Path, timeout: float = 240, env: dict 
         capture_output=True,
         text=True,
         timeout=timeout,
+        start_new_session=new_session,
     )

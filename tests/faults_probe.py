@@ -52,22 +52,42 @@ class SignalAt(pl.Callback):
     ``step``, on rank ``rank`` only; ``step=-1``: when the sanity check starts, before
     training; ``step=-2``: at the end of training, before the end-of-fit gathers."""
 
-    def __init__(self, step: int, signal: str = "SIGTERM", rank: int = 0, times: int = 1):
+    def __init__(
+        self, step: int, signal: str = "SIGTERM", rank: int = 0, times: int = 1,
+        group: bool = False, in_validation: bool = False,
+    ):  # fmt: skip
         self.step, self.signum, self.rank = step, getattr(signal_module, signal), rank
-        self.times = times
+        self.times, self.group, self.in_validation = times, group, in_validation
+
+    def _send(self) -> None:
+        # group=True: to the whole process group, DataLoader workers included, as SLURM
+        # and Kubernetes do (the test starts the run in a session of its own).
+        for _ in range(self.times):
+            if self.group:
+                os.killpg(os.getpgid(0), self.signum)
+            else:
+                os.kill(os.getpid(), self.signum)
 
     def on_sanity_check_start(self, trainer, pl_module) -> None:
         if self.step == -1 and trainer.global_rank == self.rank:
             os.kill(os.getpid(), self.signum)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if self.in_validation:
+            return
         if trainer.global_step == self.step and trainer.global_rank == self.rank:
-            for _ in range(self.times):
-                os.kill(os.getpid(), self.signum)
+            self._send()
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, *args):
+        if not self.in_validation or trainer.sanity_checking:
+            return
+        if trainer.global_step == self.step and trainer.global_rank == self.rank:
+            self.in_validation = False  # once
+            self._send()
 
     def on_train_end(self, trainer, pl_module) -> None:
         if self.step == -2 and trainer.global_rank == self.rank:
-            os.kill(os.getpid(), self.signum)
+            self._send()
 
 
 signal_module = signal

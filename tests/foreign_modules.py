@@ -31,19 +31,25 @@ class Blobs(Dataset):
 
 
 class BlobData(pl.LightningDataModule):
-    def __init__(self, num_classes: int = 5, features: int = 16, batch_size: int = 32) -> None:
+    def __init__(
+        self, num_classes: int = 5, features: int = 16, batch_size: int = 32, num_workers: int = 0
+    ) -> None:
         super().__init__()
         self.num_classes, self.features, self.batch_size = num_classes, features, batch_size
+        self.num_workers = num_workers  # plain workers: they die with a group signal
 
     def setup(self, stage: str) -> None:
         self.train_set = Blobs(512, self.num_classes, self.features, seed=1)
         self.val_set = Blobs(128, self.num_classes, self.features, seed=2)
 
     def train_dataloader(self) -> DataLoader:
-        return DataLoader(self.train_set, batch_size=self.batch_size, shuffle=True)
+        return DataLoader(
+            self.train_set, batch_size=self.batch_size, shuffle=True,
+            num_workers=self.num_workers, persistent_workers=self.num_workers > 0,
+        )  # fmt: skip
 
     def val_dataloader(self) -> DataLoader:
-        return DataLoader(self.val_set, batch_size=self.batch_size)
+        return DataLoader(self.val_set, batch_size=self.batch_size, num_workers=self.num_workers)
 
 
 class BlobClassifier(pl.LightningModule):

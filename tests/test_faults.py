@@ -155,6 +155,71 @@ def test_sigterm_saves_a_checkpoint_that_resumes_exactly(in_tmp, capsys):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize(
+    ("where", "step", "saved_at"),
+    # In training, the signal after step 2 is acted on after step 3. In validation (after
+    # step 4, the end of epoch 0), validation finishes and the next step, 5, saves.
+    [("training", 2, 3), ("validation", 4, 5)],
+)
+def test_sigterm_to_the_process_group_with_workers_saves_and_resumes_exactly(
+    in_tmp, capsys, where, step, saved_at
+):
+    """As SLURM and Kubernetes stop a job: every process of the group, the template's two
+    persistent DataLoader workers too, gets SIGTERM. The workers leave it to the main
+    process, which saves and stops; the resumed run ends where one that never stopped
+    ends."""
+    from tests.test_resume import RUN, assert_same_training_state, fit, steps
+
+    fit(in_tmp, "whole", "--data.num_workers=2")
+    result = run_entry_point(
+        [*RUN, "--data.num_workers=2", "--trainer.logger.init_args.name=split",
+         "--trainer.callbacks+=tests.faults_probe.RecordBatches",
+         f"--trainer.callbacks.init_args.path={in_tmp / 'split.batches'}",
+         "--trainer.callbacks+=tests.faults_probe.SignalAt",
+         f"--trainer.callbacks.init_args.step={step}", "--trainer.callbacks.init_args.group=true",
+         f"--trainer.callbacks.init_args.in_validation={where == 'validation'}"],
+        cwd=in_tmp, new_session=True,
+    )  # fmt: skip
+    assert result.returncode == 128 + signal.SIGTERM, result.stderr[-3000:]
+    last = in_tmp / "runs" / "split" / "version_0" / "checkpoints" / "last.ckpt"
+    assert _stderr_lines(result) == [
+        f"stopped: SIGTERM at step {saved_at}; saved {last.relative_to(in_tmp)} "
+        "(resume with --ckpt_path last)"
+    ]
+    assert torch.load(last, weights_only=True, map_location="cpu")["global_step"] == saved_at
+    capsys.readouterr()
+    fit(in_tmp, "split", "--data.num_workers=2", "--ckpt_path=last")
+    assert steps(in_tmp / "split.batches") == steps(in_tmp / "whole.batches")
+    resumed = in_tmp / "runs" / "split" / "version_1" / "checkpoints" / "last.ckpt"
+    whole = in_tmp / "runs" / "whole" / "version_0" / "checkpoints" / "last.ckpt"
+    assert_same_training_state(whole, resumed)
+
+
+@pytest.mark.slow
+def test_workers_that_die_with_the_group_do_not_stop_the_save(tmp_path):
+    """A DataLoader of your own, with plain workers: the signal kills them, and the batch
+    that can no longer come is where the run saves (the last finished step) and stops."""
+    result = run_entry_point(
+        ["fit", "--config", DEFAULT, "--config", DEBUG, "--trainer.max_epochs=2",
+         "--trainer.limit_train_batches=16",
+         "--model.class_path=tests.foreign_modules.BlobClassifier",
+         "--data.class_path=tests.foreign_modules.BlobData", "--data.batch_size=8",
+         "--data.num_workers=2",
+         "--trainer.callbacks+=tests.faults_probe.SignalAt",
+         "--trainer.callbacks.init_args.step=2", "--trainer.callbacks.init_args.group=true"],
+        cwd=tmp_path, new_session=True,
+    )  # fmt: skip
+    assert result.returncode == 128 + signal.SIGTERM, result.stderr[-3000:]
+    (line,) = _stderr_lines(result)
+    # Step 3 runs too if its batch was already queued when the workers died.
+    saved = int(line.split(" at step ")[1].split(";")[0])
+    assert saved in (2, 3) and line.endswith("(resume with --ckpt_path last)"), line
+    assert "Traceback" not in result.stderr
+    last = tmp_path / "runs" / "debug" / "version_0" / "checkpoints" / "last.ckpt"
+    assert torch.load(last, weights_only=True, map_location="cpu")["global_step"] == saved
+
+
+@pytest.mark.slow
 def test_ctrl_c_saves_and_exits_130(tmp_path):
     result = run_entry_point(
         ["fit", "--config", DEFAULT, "--config", DEBUG, "--trainer.max_epochs=2",

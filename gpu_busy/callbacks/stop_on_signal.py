@@ -19,11 +19,14 @@ Example::
 from __future__ import annotations
 
 import signal
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import lightning.pytorch as pl
 import torch
 
+from gpu_busy import batch_routing
 from gpu_busy import lightning_compat as compat
 from gpu_busy.faults.stop_request import StopRequest
 from gpu_busy.faults.training_stopped import TrainingStopped
@@ -49,6 +52,7 @@ class StopOnSignal(pl.Callback):
         self.request = StopRequest()
         self._stopped = False  # this fit ended in a save-and-stop
         self._undo_broadcast = None
+        self._routed: list = []
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # Lightning installs its SIGTERM handler just before training; this replaces it.
@@ -65,6 +69,30 @@ class StopOnSignal(pl.Callback):
         # Lightning's per-step broadcast of its own flag is pure cost once its handler is
         # gone: turn it off entirely.
         self._undo_broadcast = compat.throttle_sigterm_broadcast(trainer, lambda: False)
+        self._route(trainer.fit_loop)
+
+    def on_train_epoch_start(self, trainer, pl_module) -> None:
+        self._route(trainer.fit_loop)  # reload_dataloaders_every_n_epochs: a new loader
+
+    def on_validation_start(self, trainer, pl_module) -> None:
+        if trainer.state.fn == "fit":
+            self._route(trainer.fit_loop.epoch_loop.val_loop)
+
+    def _route(self, loop) -> None:
+        """A layer next to the DataLoader: if its workers die after a stop was requested
+        (signalled with the whole process group, without ``ignore_stop_signals``), the
+        batch that cannot come is where the run saves and stops, instead of a traceback
+        and no checkpoint. One process only: under DDP the ranks could be at different
+        steps there, and a save waits for all of them."""
+        trainer = loop.trainer
+        if trainer.world_size > 1:
+            return
+        loader = batch_routing.route_batches(
+            loop, lambda items: _SaveIfWorkersDie(items, self, trainer), layer=_LAYER,
+            position=-1,
+        )  # fmt: skip
+        if loader is not None and loader not in self._routed:
+            self._routed.append(loader)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         signum = self._agreed_signal(trainer)
@@ -100,7 +128,13 @@ class StopOnSignal(pl.Callback):
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._restore_broadcast()
 
+    def _unroute(self) -> None:
+        for loader in self._routed:
+            batch_routing.unroute(loader, layer=_LAYER)
+        self._routed.clear()
+
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._unroute()
         if self.request.requested and not self._stopped and trainer.state.fn == "fit":
             log.info(
                 "%s after the last training step: the run had finished, its reports are "
@@ -113,11 +147,33 @@ class StopOnSignal(pl.Callback):
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
         self._restore_broadcast()
         self.request.uninstall()
+        self._unroute()
 
     def _restore_broadcast(self) -> None:
         if self._undo_broadcast is not None:
             self._undo_broadcast()
             self._undo_broadcast = None
+
+
+_LAYER = "stop-on-signal"
+
+
+class _SaveIfWorkersDie(Iterator):
+    def __init__(self, items: Iterator, callback: StopOnSignal, trainer: pl.Trainer) -> None:
+        self._items, self._callback, self._trainer = items, callback, trainer
+
+    def __next__(self) -> Any:
+        try:
+            return next(self._items)
+        except StopIteration:
+            raise
+        except Exception:
+            signum = self._callback.request.signum
+            if signum is None:
+                raise
+            # The workers went with the signal; the last finished step is intact.
+            self._callback._save_and_stop(self._trainer, signum)
+            raise
 
 
 def _last_checkpoint_path(trainer: pl.Trainer) -> Path:

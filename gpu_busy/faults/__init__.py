@@ -2,5 +2,6 @@
 
 - ``stop_request``: SIGTERM/SIGINT turned into a flag the training loop polls;
 - ``peer_watch``: every rank notices within bounded time when another one failed;
-- ``training_stopped``: the exception that ends a fit on purpose, with its exit code.
+- ``training_stopped``: the exception that ends a fit on purpose, with its exit code;
+- ``worker_signals``: DataLoader workers that leave SIGTERM/SIGINT to the main process.
 """

@@ -24,6 +24,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from gpu_busy import lightning_compat as compat
+from gpu_busy.faults.worker_signals import ignore_stop_signals
 from gpu_busy.log import get_logger
 from gpu_busy.resume.sampler import ResumableSampler
 from template.data.augment import CIFAR10_MEAN, CIFAR10_STD, DeviceAugment
@@ -208,6 +209,9 @@ class ImageDataModule(pl.LightningDataModule):
             # Worker seeds come from this generator, not the global one: what the model's
             # random ops draw does not depend on how often a loader was started.
             generator=torch.Generator().manual_seed(seed),
+            # A cluster signals the whole process group: the workers leave it to the main
+            # process, which saves before it stops.
+            worker_init_fn=ignore_stop_signals() if workers > 0 else None,
         )
 
     def train_dataloader(self) -> DataLoader:

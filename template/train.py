@@ -255,9 +255,15 @@ class TemplateCLI(LightningCLI):
             log.info("evaluating checkpoint %s", path)
         elif config.trainer.get("logger") is False:
             log.info("resuming from %s", path)
+        elif _fixed_version(config.trainer.get("logger")) is not None:
+            # A scheduler's fixed version reopens the run's own directory; before_fit keeps
+            # the metrics Lightning's CSV writer would delete there.
+            log.info(
+                "resuming from %s into the same version directory (the logger's version is "
+                "fixed); the metrics of the steps before it are kept in its metrics.csv",
+                path,
+            )
         else:
-            # A resumed run writes to a new version directory: Lightning's CSVLogger would
-            # delete the old one's metrics.csv if it reopened it.
             log.info(
                 "resuming from %s into a new version directory; the metrics of the steps "
                 "before it stay in %s",
@@ -342,8 +348,16 @@ class TemplateCLI(LightningCLI):
         logger = self.trainer.logger
         root = Path(logger.root_dir) if logger is not None else Path(self.trainer.default_root_dir)
         check_writable(root)
+        if self.checkpoint is not None and logger is not None and current_rank() == 0:
+            step = int(self.checkpoint[1].get("global_step") or 0)
+            checkpoint_file.keep_earlier_metrics(logger, up_to_step=step)
 
     before_validate = before_test = before_predict = _check_checkpoint_fits_model
+
+
+def _fixed_version(logger: object) -> object:
+    """The version a logger's config fixes (a scheduler's job name), or None."""
+    return logger.get("init_args.version") if isinstance(logger, Namespace) else None
 
 
 def check_config_files(args: list[str]) -> None:

@@ -116,3 +116,32 @@ def test_a_checkpoint_that_would_run_code_is_refused_in_one_line(tmp_path, monke
         assert len(lines) == 1 and expected in lines[0], err[-1500:]
         assert "Traceback" not in err
     assert not marker.exists(), "the checkpoint's pickled code ran"
+
+
+@pytest.mark.slow
+def test_a_resume_into_a_fixed_version_keeps_the_earlier_metrics(tmp_path):
+    """Schedulers fix the run's name (--trainer.logger.init_args.version=job42): the resumed
+    run writes into the same directory, and its metrics.csv holds the whole run."""
+    import csv
+
+    from tests.conftest import DEBUG, DEFAULT, run_entry_point
+
+    args = [
+        "fit",
+        "--config",
+        DEFAULT,
+        "--config",
+        DEBUG,
+        "--trainer.logger.init_args.version=job42",
+    ]
+    first = run_entry_point([*args, "--trainer.max_epochs=1"], cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    metrics = tmp_path / "runs" / "debug" / "job42" / "metrics.csv"
+    with metrics.open() as f:
+        before = {row["step"] for row in csv.DictReader(f) if row.get("train/loss")}
+    second = run_entry_point([*args, "--trainer.max_epochs=2", "--ckpt_path=last"], cwd=tmp_path)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "into the same version directory" in second.stderr
+    with metrics.open() as f:
+        after = {row["step"] for row in csv.DictReader(f) if row.get("train/loss")}
+    assert before and before < after, (before, after)

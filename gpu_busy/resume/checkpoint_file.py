@@ -25,6 +25,7 @@ Example::
 from __future__ import annotations
 
 import ast
+import csv
 import errno
 import os
 import pickle
@@ -103,6 +104,33 @@ def plain_numbers(checkpoint: Any) -> Any:
     ``torch.load(weights_only=True)`` refuses NumPy's types, and a schedule computed with
     NumPy puts ``numpy.float64`` learning rates into the optimizer's and scheduler's state."""
     return apply_to_collection(checkpoint, np.generic, lambda x: x.item())
+
+
+def keep_earlier_metrics(logger: Any, up_to_step: int) -> int | None:
+    """A resumed run whose logger reopens the directory it resumes (a fixed version) keeps
+    that run's metrics: Lightning's CSV writer deletes the ``metrics.csv`` it finds there
+    when it starts (``_ExperimentWriter._check_log_dir_exists``). Its rows up to the
+    checkpoint's step are read first and handed to the new writer, so the file holds the
+    whole run; later rows are dropped, since the resumed run logs those steps again.
+    Returns the rows kept, or None where there was nothing to keep."""
+    path = Path(str(getattr(logger, "log_dir", "") or "")) / "metrics.csv"
+    if not path.is_file() or not callable(getattr(logger, "log_metrics", None)):
+        return None
+    with path.open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    kept = []
+    for row in rows:
+        try:
+            step = int(float(row.get("step") or ""))
+        except ValueError:
+            continue
+        if step <= up_to_step:
+            kept.append((step, {k: v for k, v in row.items() if k != "step" and v != ""}))
+    logger.experiment  # noqa: B018 - starts the writer, which deletes the file
+    for step, metrics in kept:
+        logger.log_metrics(metrics, step)
+    logger.save()
+    return len(kept)
 
 
 def read_checkpoint(path: str | os.PathLike) -> dict:

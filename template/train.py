@@ -290,6 +290,18 @@ class TemplateCLI(LightningCLI):
             )
         if trainer.precision is None:
             trainer.precision = resolve_precision(accelerator)
+        limit = trainer.get("limit_train_batches")
+        if self.subcommand == "fit" and limit is not None and limit <= 0:
+            raise UserError(
+                f"trainer.limit_train_batches={limit:g} trains nothing; give a number of batches "
+                "or a fraction of the epoch above 0"
+            )
+        clip = trainer.get("gradient_clip_val")
+        if clip is not None and clip < 0:
+            raise UserError(
+                "trainer.gradient_clip_val must be 0 or more (0 or null: no clipping), "
+                f"got {clip:g}"
+            )
 
     def instantiate_classes(self) -> None:
         """The classes the config names refuse a value (an invalid strategy name, a missing
@@ -412,6 +424,15 @@ def one_line(error: BaseException) -> str:
     return last.removeprefix(prefix)
 
 
+def _raised_by_lightning(error: BaseException) -> bool:
+    """Whether the innermost frame of ``error`` is Lightning's own code."""
+    tb = error.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    where = tb.tb_frame.f_code.co_filename if tb is not None else ""
+    return f"{os.sep}lightning{os.sep}" in where and "-packages" in where
+
+
 def _cause(error: BaseException | None, kind: type | tuple[type, ...]) -> BaseException | None:
     while error is not None and not isinstance(error, kind):
         error = error.__cause__ or error.__context__
@@ -458,6 +479,11 @@ def _run(args: list[str] | None) -> int:
         # jsonargparse builds the classes a config names under union types, and reports what
         # their __init__ raised inside a ValueError of its own.
         cause = _cause(e, (UserError, ImportError))
+        if cause is None and _raised_by_lightning(e):
+            # Lightning's own check of a setting it can only test in fit (val_check_interval
+            # against the number of batches): a setting to change, not a crash.
+            print(f"error: {one_line(e)}", file=sys.stderr)
+            return 2
         if cause is None:
             raise
         if isinstance(cause, ImportError):  # its last line names the package wanted

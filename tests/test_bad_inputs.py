@@ -303,6 +303,10 @@ class FillTheDisk(Callback):
         (["--trainer.strategy=bogus"], "invalid strategy name"),
         (["--data.crop_padding=-1"], "padding must be >= 0"),
         (["--model.class_path=nope.Module"], "No module named 'nope'"),
+        (["--trainer.limit_train_batches=0"], "limit_train_batches=0 trains nothing"),
+        (["--trainer.gradient_clip_val=-1"], "gradient_clip_val must be 0 or more"),
+        # Lightning's own check, made inside fit once it knows the number of batches
+        (["--trainer.val_check_interval=100"], "val_check_interval` (100) must be less"),
     ],
 )
 def test_a_bad_value_is_one_line(in_tmp, capsys, args, expected):
@@ -319,6 +323,20 @@ def test_a_corrupt_image_stops_the_run_naming_the_file(in_tmp, capsys, image_fol
     assert code == 2
     line = one_error_line(capsys)
     assert str(bad) in line and "remove or replace it" in line
+
+
+def test_a_decompression_bomb_stops_the_run_naming_the_file(in_tmp, capsys, image_folder):
+    from PIL import Image
+
+    bomb = image_folder / "train" / "dogs" / "0.png"
+    # Over twice PIL's pixel limit (a small file: one colour compresses to almost nothing).
+    side = int((2 * Image.MAX_IMAGE_PIXELS) ** 0.5) + 1
+    Image.new("1", (side, side)).save(bomb)
+    code = fit("--data.dataset=folder", f"--data.data_dir={image_folder}", "--data.batch_size=4",
+               "--data.num_workers=0")  # fmt: skip
+    assert code == 2
+    line = one_error_line(capsys)
+    assert str(bomb) in line and "too large to decode safely" in line
 
 
 def test_max_epochs_minus_one_trains_until_stopped(in_tmp):

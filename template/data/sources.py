@@ -126,6 +126,11 @@ def _decode(path: str, size: int) -> torch.Tensor:
             # size, so batches stack without padding.
             image = center_crop(resize(image.convert("RGB"), [size], antialias=True), [size, size])
             return pil_to_tensor(image)
+    except Image.DecompressionBombError as e:  # larger than PIL's limit: an attack or a slip
+        raise UserError(
+            f"image {path} is too large to decode safely ({' '.join(str(e).split())[:120]}); "
+            "remove it or resize it"
+        ) from None
     except (OSError, ValueError, SyntaxError) as e:  # what PIL raises for damaged files
         reason = " ".join(str(e).split())[:120] or type(e).__name__
         raise UserError(f"cannot read image {path} ({reason}); remove or replace it") from None

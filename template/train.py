@@ -251,6 +251,8 @@ class TemplateCLI(LightningCLI):
             if problem:
                 raise UserError(problem)
         self.checkpoint = (path, checkpoint)
+        global _resuming
+        _resuming = path
         if not training:
             log.info("evaluating checkpoint %s", path)
         elif config.trainer.get("logger") is False:
@@ -339,7 +341,21 @@ class TemplateCLI(LightningCLI):
         if self.checkpoint is None:
             return
         path, checkpoint = self.checkpoint
-        differ = checkpoint_file.shape_mismatches(checkpoint["state_dict"], self.model.state_dict())
+        saved, here = checkpoint["state_dict"], self.model.state_dict()
+        missing, extra = sorted(set(here) - set(saved)), sorted(set(saved) - set(here))
+        if missing or extra:
+            parts = []
+            if missing:
+                parts.append(
+                    f"{len(missing)} tensor(s) of this model missing there ({missing[0]}, ...)"
+                )
+            if extra:
+                parts.append(f"{len(extra)} there that this model lacks ({extra[0]}, ...)")
+            raise UserError(
+                f"{path} does not fit this model: {'; '.join(parts)}; resume it with its own "
+                "model, or start a new run"
+            )
+        differ = checkpoint_file.shape_mismatches(saved, here)
         if not differ:
             return
         name, saved, here = differ[0]
@@ -424,6 +440,22 @@ def one_line(error: BaseException) -> str:
     return last.removeprefix(prefix)
 
 
+_resuming: Path | None = None  # the checkpoint this run resumes, once resolved
+
+
+def _raised_in_restore(error: BaseException) -> bool:
+    """Whether ``error`` came out of Lightning's restore of a checkpoint's training state."""
+    tb = error.__traceback__
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if code.co_filename.endswith("checkpoint_connector.py") and code.co_name.startswith(
+            "restore"
+        ):
+            return True
+        tb = tb.tb_next
+    return False
+
+
 def _raised_by_lightning(error: BaseException) -> bool:
     """Whether the innermost frame of ``error`` is Lightning's own code."""
     tb = error.__traceback__
@@ -454,6 +486,8 @@ def main(args: list[str] | None = None) -> int:
 
 
 def _run(args: list[str] | None) -> int:
+    global _resuming
+    _resuming = None
     try:
         check_config_files(sys.argv[1:] if args is None else args)
         TemplateCLI(
@@ -475,7 +509,18 @@ def _run(args: list[str] | None) -> int:
     except ArgumentError as e:
         print(f"error: {argument_error_line(str(e))} ({USAGE_HINT})", file=sys.stderr)
         return 2
-    except ValueError as e:
+    except (KeyError, RuntimeError, ValueError) as e:
+        if _resuming is not None and _raised_in_restore(e):
+            # Lightning restores the optimizer and schedule inside fit: a checkpoint saved
+            # with other parameter groups or without a schedule fails there.
+            print(
+                f"error: {_resuming} does not fit this run ({one_line(e)}); resume it with "
+                "the model, optimizer and schedule it was saved with, or start a new run",
+                file=sys.stderr,
+            )
+            return 2
+        if not isinstance(e, ValueError):
+            raise
         # jsonargparse builds the classes a config names under union types, and reports what
         # their __init__ raised inside a ValueError of its own.
         cause = _cause(e, (UserError, ImportError))

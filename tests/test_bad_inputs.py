@@ -315,6 +315,36 @@ def test_a_bad_value_is_one_line(in_tmp, capsys, args, expected):
     assert not list(in_tmp.glob("runs/*/*/checkpoints/*.ckpt"))
 
 
+def _first_weight(c):
+    return next(iter(c["state_dict"]))
+
+
+@pytest.mark.parametrize(
+    ("change", "said"),
+    [
+        (lambda c: c["state_dict"].pop(_first_weight(c)), "tensor(s) of this model missing there"),
+        (lambda c: c["state_dict"].update(extra=torch.zeros(1)), "that this model lacks (extra"),
+        (lambda c: c.pop("lr_schedulers"), "checkpoint contains only the model"),
+        (
+            lambda c: c["optimizer_states"][0]["param_groups"].append(
+                dict(c["optimizer_states"][0]["param_groups"][0])
+            ),
+            "different number of parameter groups",
+        ),
+    ],
+    ids=["missing-tensor", "extra-tensor", "no-schedule", "other-param-groups"],
+)
+def test_a_checkpoint_that_does_not_fit_the_run_is_one_line(in_tmp, capsys, change, said):
+    assert fit() == 0
+    checkpoint = load(ckpt_dir(in_tmp) / "last.ckpt")
+    change(checkpoint)
+    torch.save(checkpoint, in_tmp / "changed.ckpt")
+    capsys.readouterr()
+    assert fit("--trainer.max_epochs=2", f"--ckpt_path={in_tmp / 'changed.ckpt'}") == 2
+    line = one_error_line(capsys)
+    assert said in line and "changed.ckpt" in line, line
+
+
 def test_a_corrupt_image_stops_the_run_naming_the_file(in_tmp, capsys, image_folder):
     bad = image_folder / "train" / "cats" / "0.png"
     bad.write_bytes(b"\x89PNG\r\n\x1a\n" + b"garbage" * 10)

@@ -388,6 +388,39 @@ def _fixed_version(logger: object) -> object:
     return logger.get("init_args.version") if isinstance(logger, Namespace) else None
 
 
+# A config holds hundreds of values; YAML aliases can make a few lines expand to billions
+# (an "alias bomb"), which the parsers would build in memory.
+MAX_CONFIG_VALUES = 100_000
+
+
+def _expanded_size(root: yaml.Node | None) -> int:
+    """How many values a composed YAML document holds once its aliases are expanded,
+    counted without expanding them (an alias is the same node object, counted once per
+    use); past ``MAX_CONFIG_VALUES`` the count stops."""
+    sizes: dict[int, int] = {}
+
+    def size(node: yaml.Node, depth: int) -> int:
+        if id(node) in sizes:
+            return sizes[id(node)]
+        if depth > 100:  # nesting this deep (or an alias that contains itself)
+            return MAX_CONFIG_VALUES + 1
+        total = 1
+        if isinstance(node, yaml.MappingNode):
+            children = [n for pair in node.value for n in pair]
+        elif isinstance(node, yaml.SequenceNode):
+            children = node.value
+        else:
+            children = []
+        for child in children:
+            total += size(child, depth + 1)
+            if total > MAX_CONFIG_VALUES:
+                break
+        sizes[id(node)] = total
+        return total
+
+    return 0 if root is None else size(root, 0)
+
+
 def check_config_files(args: list[str]) -> None:
     """Each ``--config`` file must parse as YAML; jsonargparse's own error does not say which
     of several files it is in."""
@@ -402,7 +435,14 @@ def check_config_files(args: list[str]) -> None:
         if not file.is_file():
             continue  # jsonargparse says "File does not exist"
         try:
-            yaml.safe_load(file.read_text())
+            text = file.read_text()
+            values = _expanded_size(yaml.compose(text, Loader=yaml.SafeLoader))
+            if values > MAX_CONFIG_VALUES:
+                raise UserError(
+                    f"{file} expands to more than {MAX_CONFIG_VALUES:,} values through YAML "
+                    "aliases (*name); write the config out, or alias less"
+                )
+            yaml.safe_load(text)
         except yaml.YAMLError as e:
             mark = getattr(e, "problem_mark", None)
             where = f", line {mark.line + 1} column {mark.column + 1}" if mark else ""

@@ -429,3 +429,13 @@ class _Touch:
 
     def __reduce__(self):
         return (Path.touch, (Path(self.path),))
+
+
+def test_a_yaml_alias_bomb_is_refused_before_it_is_expanded(in_tmp, capsys):
+    # Nine levels of ten aliases each: a billion strings once expanded (3 GiB and more).
+    lines = ['a0: &a0 ["x", "x", "x", "x", "x", "x", "x", "x", "x", "x"]']
+    for level in range(1, 9):
+        lines.append(f"a{level}: &a{level} [{', '.join([f'*a{level - 1}'] * 10)}]")
+    (in_tmp / "bomb.yaml").write_text("\n".join(lines) + "\n")
+    assert fit("--config", "bomb.yaml") == 2
+    assert "expands to more than 100,000 values through YAML aliases" in one_error_line(capsys)

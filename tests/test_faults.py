@@ -367,3 +367,46 @@ def test_the_peer_watch_opens_no_port_of_its_own(monkeypatch):
         assert not callback._store.check(["failed"])
     finally:
         callback.watch.finish(wait=0)
+
+
+# -- a second Ctrl+C while a checkpoint is written -------------------------------------------
+
+
+def test_a_second_ctrl_c_during_a_save_lets_the_file_finish_then_stops(tmp_path, monkeypatch):
+    from gpu_busy.resume import checkpoint_file
+
+    target = tmp_path / "last.ckpt"
+    target.write_bytes(b"the previous save")
+    real_fsync = os.fsync
+
+    def interrupted_fsync(fd):  # both Ctrl+C arrive while the staged file is synced
+        os.kill(os.getpid(), signal.SIGINT)
+        os.kill(os.getpid(), signal.SIGINT)
+        real_fsync(fd)
+
+    stop = StopRequest()
+    assert stop.install()
+    try:
+        monkeypatch.setattr(checkpoint_file.os, "fsync", interrupted_fsync)
+        with pytest.raises(TrainingStopped, match="once the checkpoint being written was saved"):
+            checkpoint_file.write_atomically(target, b"the new save")
+    finally:
+        stop.uninstall()
+    assert target.read_bytes() == b"the new save"
+    assert [p.name for p in tmp_path.iterdir()] == ["last.ckpt"], "a partial file was left"
+
+
+def test_anything_that_ends_a_save_midway_takes_the_partial_file_with_it(tmp_path, monkeypatch):
+    from gpu_busy.resume import checkpoint_file
+
+    target = tmp_path / "last.ckpt"
+    target.write_bytes(b"the previous save")
+
+    def interrupted(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(checkpoint_file.os, "replace", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        checkpoint_file.write_atomically(target, b"the new save")
+    assert target.read_bytes() == b"the previous save"
+    assert [p.name for p in tmp_path.iterdir()] == ["last.ckpt"], "a partial file was left"

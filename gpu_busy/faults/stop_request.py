@@ -3,7 +3,9 @@
 The handler only records the signal: it can run between any two bytecodes of the main
 thread, where printing or a collective could deadlock. The loop polls ``requested`` at a
 step boundary, saves and stops; a second SIGINT raises ``TrainingStopped`` at once (exit
-code 130, nothing saved: the checkpoints written before stay).
+code 130, nothing saved: the checkpoints written before stay), except inside
+``stops_deferred()`` (a checkpoint being written), where it waits for the block's end: the
+file is finished, then the run stops.
 
 Example::
 
@@ -18,13 +20,34 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
+from collections.abc import Iterator
 from types import FrameType
 
 from gpu_busy.faults.training_stopped import TrainingStopped
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+_deferring = 0  # blocks of stops_deferred() open on the main thread
+_pending: list[TrainingStopped] = []
+
+
+@contextlib.contextmanager
+def stops_deferred() -> Iterator[None]:
+    """A second Ctrl+C inside the block stops the run at its end, not in the middle."""
+    global _deferring
+    _deferring += 1
+    try:
+        yield
+    finally:
+        _deferring -= 1
+        pending = list(_pending) if not _deferring else []
+        if not _deferring:
+            _pending.clear()
+    if pending:
+        raise pending[0]
 
 
 class StopRequest:
@@ -68,6 +91,16 @@ class StopRequest:
         if self.signum is not None and signum == signal.SIGINT:
             # A second Ctrl+C: stop now, without saving. Not KeyboardInterrupt, which
             # Lightning turns into its own message and exit code 1.
+            if _deferring:
+                _pending.append(
+                    TrainingStopped(
+                        "Ctrl+C twice: stopped once the checkpoint being written was saved "
+                        "(resume with --ckpt_path last)",
+                        exit_code=128 + signal.SIGINT,
+                        failure=False,
+                    )
+                )
+                return
             raise TrainingStopped(
                 "Ctrl+C twice: stopped at once, without saving this step; the checkpoints "
                 "saved before are kept (resume with --ckpt_path last)",

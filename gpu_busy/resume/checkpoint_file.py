@@ -40,6 +40,8 @@ import numpy as np
 import torch
 from lightning_utilities.core.apply_func import apply_to_collection
 
+from gpu_busy.faults.stop_request import stops_deferred
+
 # Left free beyond the file itself, so a save never takes a shared disk's last bytes.
 FREE_MARGIN_BYTES = 16 * 2**20
 
@@ -61,18 +63,10 @@ def write_atomically(path: str | os.PathLike, data: bytes | memoryview) -> None:
     folder = path.parent
     stage = folder / f".{path.name}.partial-{os.getpid()}"
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        for stale in folder.glob(f".{path.name}.partial-*"):  # left by a killed writer
-            stale.unlink(missing_ok=True)
-        free = shutil.disk_usage(folder).free
-        if free < len(data) + FREE_MARGIN_BYTES:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        with open(stage, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(stage, path)
-        _fsync_folder(folder)  # the rename itself survives a power cut
+        # A second Ctrl+C waits for the rename; anything else that ends the write takes
+        # the partial file with it.
+        with stops_deferred():
+            _write_staged(path, stage, data)
     except OSError as e:
         stage.unlink(missing_ok=True)
         try:
@@ -84,6 +78,25 @@ def write_atomically(path: str | os.PathLike, data: bytes | memoryview) -> None:
             f"cannot save {path} ({len(data) / 2**20:.0f} MiB): {e.strerror or e}, {free}; "
             f"the checkpoints saved before it are intact",
         ) from e
+    except BaseException:
+        stage.unlink(missing_ok=True)
+        raise
+
+
+def _write_staged(path: Path, stage: Path, data: bytes | memoryview) -> None:
+    folder = path.parent
+    folder.mkdir(parents=True, exist_ok=True)
+    for stale in folder.glob(f".{path.name}.partial-*"):  # left by a killed writer
+        stale.unlink(missing_ok=True)
+    free = shutil.disk_usage(folder).free
+    if free < len(data) + FREE_MARGIN_BYTES:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    with open(stage, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(stage, path)
+    _fsync_folder(folder)  # the rename itself survives a power cut
 
 
 def _fsync_folder(folder: Path) -> None:

@@ -81,6 +81,30 @@ def test_image_folder_yields_fixed_size_uint8(image_folder):
     assert image.shape == (3, 16, 16) and image.dtype == torch.uint8 and label == 1
 
 
+def test_image_folder_skips_hidden_folders_and_links_that_leave_or_loop(image_folder, caplog):
+    import logging
+    import os
+
+    train = image_folder / "train"
+    (train / ".ipynb_checkpoints").mkdir()  # a notebook's leftovers: not a class
+    os.symlink(train, train / "cats" / "loop")  # back into the tree: would count forever
+    outside = image_folder.parent / "elsewhere"
+    outside.mkdir()
+    (train / "dogs" / "0.png").rename(outside / "0.png")
+    os.symlink(outside / "0.png", train / "dogs" / "0.png")  # a file link out of the tree
+    with caplog.at_level(logging.WARNING):
+        ds = FolderImages(train, image_size=16)
+    assert ds.classes == ["cats", "dogs", "owls"]
+    assert len(ds) == 17  # 6 + 5 + 6: the loop and the outside file are not followed
+    assert "2 symbolic link(s)" in caplog.text
+
+
+def test_an_empty_class_folder_is_a_user_error(image_folder):
+    (image_folder / "train" / "lynx").mkdir()
+    with pytest.raises(UserError, match="lynx holds no images"):
+        FolderImages(image_folder / "train", image_size=16)
+
+
 def test_image_folder_missing_is_a_user_error(tmp_path):
     with pytest.raises(UserError, match="does not exist"):
         ImageDataModule(dataset="folder", data_dir=str(tmp_path / "nothing"))

@@ -11,6 +11,7 @@ Example::
 
 from __future__ import annotations
 
+import os
 import pickle
 from pathlib import Path
 
@@ -18,7 +19,10 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from gpu_busy.log import get_logger
 from template.errors import UserError
+
+log = get_logger(__name__)
 
 CIFAR10_DIR = "cifar-10-batches-py"
 CIFAR10_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
@@ -114,6 +118,29 @@ def load_cifar10(
     return images, torch.tensor(labels, dtype=torch.int64)
 
 
+def _images_under(root: Path, folder: Path) -> tuple[list[Path], int]:
+    """The image files under ``folder``, sorted, and the links not followed: a folder link
+    is never followed (it could lead out of ``root`` or loop back into it), a file link
+    only where it resolves inside ``root``; hidden folders and files are left out."""
+    if folder.is_symlink():
+        return [], 1
+    found, skipped = [], 0
+    for top, dirs, names in os.walk(folder, followlinks=False):
+        here = Path(top)
+        skipped += sum(1 for d in dirs if (here / d).is_symlink())
+        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and not (here / d).is_symlink())
+        for name in sorted(names):
+            path = here / name
+            if name.startswith(".") or not name.lower().endswith(IMAGE_SUFFIXES):
+                continue
+            if path.is_symlink() and not path.resolve().is_relative_to(root):
+                skipped += 1
+                continue
+            if path.is_file():
+                found.append(path)
+    return found, skipped
+
+
 def _decode(path: str, size: int) -> torch.Tensor:
     from PIL import Image
     from torchvision.transforms.v2.functional import center_crop, pil_to_tensor, resize
@@ -144,29 +171,44 @@ class FolderImages(Dataset):
     """
 
     def __init__(self, root: str | Path, image_size: int, classes: list[str] | None = None):
-        from torchvision.datasets.folder import make_dataset
-
         root = Path(root).expanduser()
         if not root.is_dir():
             raise UserError(
                 f"image folder {root} does not exist; point --data.data_dir at a folder "
                 "with train/ and val/ inside, each holding one sub-folder per class"
             )
+        root = root.resolve()
         if classes is None:
-            classes = sorted(d.name for d in root.iterdir() if d.is_dir())
+            # Hidden folders (.ipynb_checkpoints, .git) are not classes, and a linked folder
+            # is not followed (see _images_under).
+            classes = sorted(
+                d.name
+                for d in root.iterdir()
+                if d.is_dir() and not d.is_symlink() and not d.name.startswith(".")
+            )
         if not classes:
             raise UserError(
                 f"{root} has no class sub-folders; put each class's images in root/<class>/"
             )
         self.classes = classes
-        self.samples = make_dataset(
-            str(root),
-            {c: i for i, c in enumerate(classes)},
-            extensions=IMAGE_SUFFIXES,
-            allow_empty=True,
-        )
-        if not self.samples:
-            raise UserError(f"no images ({', '.join(IMAGE_SUFFIXES)}) found under {root}")
+        self.samples: list[tuple[str, int]] = []
+        skipped = 0
+        for label, name in enumerate(classes):
+            files, links = _images_under(root, root / name)
+            skipped += links
+            if not files:
+                raise UserError(
+                    f"class folder {root / name} holds no images ({', '.join(IMAGE_SUFFIXES)}); "
+                    "add some, or remove the folder (every class folder is a label)"
+                )
+            self.samples += [(str(f), label) for f in files]
+        if skipped:
+            log.warning(
+                "%s: %d symbolic link(s) leading out of the folder or back into it were not "
+                "followed; copy the images in to use them",
+                root,
+                skipped,
+            )
         self.image_size = image_size
 
     def __len__(self) -> int:

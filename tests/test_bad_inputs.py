@@ -169,6 +169,44 @@ def test_a_weights_only_checkpoint_cannot_resume_a_fit(in_tmp, capsys):
     assert main(["validate", *TINY, "--ckpt_path=weights.ckpt"]) == 0
 
 
+@pytest.mark.parametrize(
+    ("change", "said"),
+    [
+        (lambda c: c["loops"].update(fit_loop={"nonsense": 1}), "its loop state cannot be read"),
+        (
+            lambda c: c["loops"]["fit_loop"]["epoch_loop.automatic_optimization.optim_progress"][
+                "optimizer"
+            ]["step"]["total"].update(completed=0),
+            "says step 4 but its loop state counts 0",
+        ),
+    ],
+    ids=["unreadable", "other-step"],
+)
+def test_a_checkpoint_whose_loop_state_disagrees_with_its_step_is_refused(
+    in_tmp, capsys, change, said
+):
+    assert fit() == 0
+    checkpoint = load(ckpt_dir(in_tmp) / "last.ckpt")
+    change(checkpoint)
+    torch.save(checkpoint, in_tmp / "odd.ckpt")
+    capsys.readouterr()
+    assert fit("--trainer.max_epochs=2", "--ckpt_path=odd.ckpt") == 2
+    assert said in one_error_line(capsys)
+
+
+def test_resuming_mid_epoch_with_another_batch_size_is_refused(in_tmp, capsys):
+    mid = in_tmp / "mid.ckpt"
+    stop = ["--trainer.callbacks+=tests.faults_probe.SaveAndStop",
+            "--trainer.callbacks.init_args.step=2",
+            f"--trainer.callbacks.init_args.path={mid}"]  # fmt: skip
+    assert fit(*stop) == 0
+    capsys.readouterr()
+    assert fit("--data.batch_size=16", f"--ckpt_path={mid}") == 2
+    line = one_error_line(capsys)
+    assert "2 batches into an epoch with data.batch_size=32" in line and "has 16" in line
+    assert fit(f"--ckpt_path={mid}") == 0  # with its own batch size it resumes
+
+
 def test_a_checkpoint_of_another_class_count_is_one_line(in_tmp, capsys, image_folder):
     assert fit() == 0  # 10 classes
     last = ckpt_dir(in_tmp) / "last.ckpt"

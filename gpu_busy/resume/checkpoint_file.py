@@ -204,7 +204,29 @@ def resume_problem(checkpoint: Mapping, path: str | os.PathLike, *, training: bo
             "optimizer or loop state to resume a fit from; resume from a last.ckpt, or "
             "evaluate it with `validate` / `test`"
         )
+    if training:
+        steps = loop_steps(checkpoint)
+        said = checkpoint.get("global_step")
+        if steps is None or steps != said:
+            found = "cannot be read" if steps is None else f"counts {steps}"
+            return (
+                f"{path} says step {said} but its loop state {found}: Lightning would restart "
+                "the schedule and the data from there on these weights; resume from another "
+                "checkpoint, or start a new run from its weights"
+            )
     return None
+
+
+def loop_steps(checkpoint: Mapping) -> int | None:
+    """The optimizer steps a checkpoint's fit-loop state counts (what Lightning resumes
+    ``global_step`` from: ``_TrainingEpochLoop.global_step``), or None if unreadable."""
+    try:
+        fit = checkpoint["loops"]["fit_loop"]
+        auto = fit["epoch_loop.automatic_optimization.optim_progress"]["optimizer"]["step"]
+        manual = fit["epoch_loop.manual_optimization.optim_step_progress"]
+        return int(auto["total"]["completed"]) + int(manual["total"]["completed"])
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def shape_mismatches(saved: Mapping[str, torch.Tensor], model: Mapping[str, torch.Tensor]):

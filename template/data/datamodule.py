@@ -229,9 +229,19 @@ class ImageDataModule(pl.LightningDataModule):
         if self.trainer is None:
             return {}
         epoch, batches = compat.epoch_position(self.trainer)
-        return {"epoch": epoch, "batches_trained": batches}
+        return {"epoch": epoch, "batches_trained": batches, "batch_size": self.batch_size}
 
     def load_state_dict(self, state: dict) -> None:
+        saved_size = state.get("batch_size")
+        if state.get("batches_trained") and saved_size not in (None, self.batch_size):
+            # Mid-epoch, the position is a count of batches: with another size it would
+            # point at other samples, some trained twice and others skipped.
+            raise UserError(
+                f"the checkpoint stopped {state['batches_trained']} batches into an epoch with "
+                f"data.batch_size={saved_size}, and this run has {self.batch_size}: resume "
+                f"with --data.batch_size={saved_size}, or from a checkpoint saved at an "
+                "epoch's end"
+            )
         if "epoch" in state:
             self._resume_at = (int(state["epoch"]), int(state["batches_trained"]))
             # Lightning warns that a mid-epoch resume is unreliable unless the DataLoader

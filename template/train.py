@@ -21,6 +21,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import sys
 import warnings
 from pathlib import Path
@@ -87,6 +88,32 @@ def check_devices(accelerator: str, devices) -> None:
             f"asked for {wanted} GPU(s) but found {found}; run {fewer}, or "
             f"`make train ACCELERATOR=cpu DEVICES={wanted}` for {wanted}-process DDP on the CPU"
         )
+
+
+# Set by a launcher that starts every process itself (torchrun, SLURM's srun) or by
+# Lightning in the processes it starts: their master port is that launcher's business.
+_LAUNCHED = ("LOCAL_RANK", "TORCHELASTIC_RUN_ID", "SLURM_PROCID")
+
+
+def check_master_port(accelerator: str, devices, num_nodes) -> None:
+    """A MASTER_PORT already taken makes rank zero fail while the others wait for it: say
+    so before any process is started."""
+    port = os.environ.get("MASTER_PORT")
+    if not port or any(name in os.environ for name in _LAUNCHED):
+        return
+    count = _requested_gpus(devices)
+    if count is None:  # "auto" / -1: every GPU, else one process on the CPU
+        count = torch.cuda.device_count() if accelerator in ("gpu", "cuda", "auto") else 1
+    if count * int(num_nodes or 1) < 2:
+        return
+    try:
+        with socket.socket() as probe:
+            probe.bind((os.environ.get("MASTER_ADDR", ""), int(port)))
+    except (OSError, ValueError) as e:
+        raise UserError(
+            f"MASTER_PORT={port} cannot be used on this machine ({e.strerror or e}); unset it "
+            "(Lightning then picks a free port) or choose a free one"
+        ) from None
 
 
 def resolve_precision(accelerator: str) -> str:
@@ -285,6 +312,7 @@ class TemplateCLI(LightningCLI):
         trainer = config.trainer
         accelerator = str(trainer.accelerator)
         check_devices(accelerator, trainer.devices)
+        check_master_port(accelerator, trainer.devices, trainer.get("num_nodes"))
         accumulate = trainer.get("accumulate_grad_batches")
         if not isinstance(accumulate, int) or accumulate < 1:
             raise UserError(

@@ -410,3 +410,25 @@ def test_anything_that_ends_a_save_midway_takes_the_partial_file_with_it(tmp_pat
         checkpoint_file.write_atomically(target, b"the new save")
     assert target.read_bytes() == b"the previous save"
     assert [p.name for p in tmp_path.iterdir()] == ["last.ckpt"], "a partial file was left"
+
+
+@pytest.mark.slow
+def test_a_master_port_in_use_is_one_line_and_leaves_no_process(tmp_path):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = run_entry_point(
+            [*DDP, "--trainer.callbacks+=tests.faults_probe.FailAt",  # records the pids
+             "--trainer.callbacks.init_args.step=-1"],
+            cwd=tmp_path, timeout=120,
+            env={"MASTER_PORT": str(port), "MASTER_ADDR": "127.0.0.1"},
+        )  # fmt: skip
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert _stderr_lines(result) == [
+        f"error: MASTER_PORT={port} cannot be used on this machine (Address already in use); "
+        "unset it (Lightning then picks a free port) or choose a free one"
+    ]
+    assert not (tmp_path / "pids").exists(), "a rank was started"

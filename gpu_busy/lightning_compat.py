@@ -141,17 +141,21 @@ def ddp_used_parameter_map(trainer: pl.Trainer) -> Any | None:
     return reducer._get_local_used_map()
 
 
-def child_exit_codes(trainer: pl.Trainer) -> dict[int, int | None]:
-    """``{global rank: return code or None while running}`` of the ranks this process
-    started (Lightning's launcher starts a node's other ranks from its local rank zero);
-    empty where processes were started by something else (torchrun, SLURM)."""
+def started_ranks(trainer: pl.Trainer) -> list:
+    """The processes of the ranks this process started (Lightning's launcher starts a
+    node's other ranks from its local rank zero), as ``Popen``; empty where processes were
+    started by something else (torchrun, SLURM)."""
     # Undocumented: _SubprocessScriptLauncher.procs (Lightning 2.0 to 2.6), the Popen of
     # local ranks 1..n-1 in order.
     if trainer.local_rank != 0:
-        return {}
-    procs = getattr(trainer.strategy.launcher, "procs", None) or []
+        return []
+    return list(getattr(trainer.strategy.launcher, "procs", None) or [])
+
+
+def child_exit_codes(trainer: pl.Trainer) -> dict[int, int | None]:
+    """``{global rank: return code or None while running}`` of ``started_ranks``."""
     first = trainer.node_rank * trainer.num_devices
-    return {first + i + 1: proc.poll() for i, proc in enumerate(procs)}
+    return {first + i + 1: proc.poll() for i, proc in enumerate(started_ranks(trainer))}
 
 
 def defer_child_observer() -> Callable[[], None]:

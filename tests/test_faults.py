@@ -432,3 +432,32 @@ def test_a_master_port_in_use_is_one_line_and_leaves_no_process(tmp_path):
         "unset it (Lightning then picks a free port) or choose a free one"
     ]
     assert not (tmp_path / "pids").exists(), "a rank was started"
+
+
+def test_a_rank_that_stops_the_run_ends_the_ranks_it_started_even_frozen(monkeypatch):
+    """Rank zero exits at once when another rank failed; a rank it started that is frozen
+    (SIGSTOP) or stuck must not outlive it."""
+    import subprocess
+    import sys
+    import types
+
+    from gpu_busy.callbacks import StopOnRankFailure
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    os.kill(child.pid, signal.SIGSTOP)
+    launcher = types.SimpleNamespace(procs=[child])
+    trainer = types.SimpleNamespace(local_rank=0, strategy=types.SimpleNamespace(launcher=launcher))
+    callback = StopOnRankFailure()
+    callback._trainer = trainer
+
+    def leave(code):
+        raise SystemExit(code)
+
+    monkeypatch.setattr(os, "_exit", leave)
+    try:
+        with pytest.raises(SystemExit):
+            callback._stop_for(1, "is silent (no heartbeat for 30 s)")
+        assert child.wait(timeout=10) == -signal.SIGKILL
+    finally:
+        if child.poll() is None:
+            child.kill()

@@ -53,10 +53,12 @@ class StopOnRankFailure(pl.Callback):
         self.watch: PeerWatch | None = None
         self._store = None
         self._undo_observer: Callable[[], None] = lambda: None
+        self._trainer: pl.Trainer | None = None
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if trainer.world_size < 2 or not dist.is_initialized() or self.watch is not None:
             return
+        self._trainer = trainer
         rank = trainer.global_rank
         environment = trainer.strategy.cluster_environment
         host, port = environment.main_address, environment.main_port
@@ -126,6 +128,11 @@ class StopOnRankFailure(pl.Callback):
                 file=sys.stderr, flush=True,
             )  # fmt: skip
         sys.stdout.flush()
+        # Whatever this process started ends with it: a rank stopped (SIGSTOP) or stuck in
+        # a collective would otherwise outlive the run. SIGKILL ends a stopped one too.
+        for proc in compat.started_ranks(self._trainer) if self._trainer is not None else []:
+            if proc.poll() is None:
+                proc.kill()
         os._exit(1)
 
 

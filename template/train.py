@@ -193,9 +193,10 @@ def find_checkpoint(which: str, trainer: Namespace, *, training: bool) -> tuple[
     """
     root, folders = checkpoint_folders(trainer)
     pattern = "last*.ckpt" if which == "last" else "*.ckpt"
-    candidates = checkpoint_file.newest_first(
-        p for folder in folders for p in folder.glob(pattern) if p.is_file()
-    )
+    found = [p for folder in folders for p in folder.glob(pattern) if p.is_file()]
+    if which == "last":  # SLURM's requeue saves (Lightning's hpc_ckpt_N) count as "last" too
+        found += [p for p in root.glob("hpc_ckpt_*.ckpt") if p.is_file()]
+    candidates = checkpoint_file.newest_first(found)
     usable, skipped = [], []
     for path in candidates:
         try:
@@ -320,6 +321,11 @@ class TemplateCLI(LightningCLI):
             )
         if trainer.precision is None:
             trainer.precision = resolve_precision(accelerator)
+        if not trainer.get("default_root_dir"):
+            # Where Lightning's SLURM requeue (SIGUSR1) saves hpc_ckpt_N.ckpt and looks for
+            # it again: the run's own folder, where --ckpt_path last finds it, not the
+            # working directory.
+            trainer.default_root_dir = str(checkpoint_folders(trainer)[0])
         limit = trainer.get("limit_train_batches")
         if self.subcommand == "fit" and limit is not None and limit <= 0:
             raise UserError(

@@ -114,3 +114,17 @@ class FailAt(pl.Callback):
             if self.how == "kill":
                 os.kill(os.getpid(), signal.SIGKILL)
             raise RuntimeError(f"injected failure at step {self.step}")
+
+
+class RequeueSaveAt(pl.Callback):
+    """After step ``step``, save as Lightning's SLURM requeue handler does on SIGUSR1
+    (``_slurm_sigusr_handler_fn``: ``hpc_save_path(default_root_dir)``), then stop."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.global_step == self.step:
+            connector = trainer._checkpoint_connector
+            trainer.save_checkpoint(connector.hpc_save_path(trainer.default_root_dir))
+            trainer.should_stop = True

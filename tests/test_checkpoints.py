@@ -145,3 +145,23 @@ def test_a_resume_into_a_fixed_version_keeps_the_earlier_metrics(tmp_path):
     with metrics.open() as f:
         after = {row["step"] for row in csv.DictReader(f) if row.get("train/loss")}
     assert before and before < after, (before, after)
+
+
+@pytest.mark.slow
+def test_a_slurm_requeue_save_lands_with_the_run_and_last_finds_it(tmp_path):
+    from tests.conftest import DEBUG, DEFAULT, run_entry_point
+
+    args = ["fit", "--config", DEFAULT, "--config", DEBUG, "--trainer.max_epochs=2"]
+    first = run_entry_point(
+        [*args, "--trainer.callbacks+=tests.faults_probe.RequeueSaveAt",
+         "--trainer.callbacks.init_args.step=2"],
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert not list(tmp_path.glob("hpc_ckpt_*.ckpt")), "saved into the working directory"
+    (requeued,) = (tmp_path / "runs" / "debug").glob("hpc_ckpt_*.ckpt")
+    for last in (tmp_path / "runs").rglob("last*.ckpt"):
+        last.unlink()  # the requeue save is the run's only one
+    second = run_entry_point([*args, "--ckpt_path=last"], cwd=tmp_path)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert f"resuming from {requeued.relative_to(tmp_path)}" in second.stderr

@@ -282,7 +282,7 @@ def test_ddp_sigterm_on_one_rank_stops_every_rank_at_the_same_step(tmp_path):
     saved = torch.load(tmp_path / last, weights_only=True, map_location="cpu")
     assert saved["global_step"] == 4
     assert saved["callbacks"]["CheckpointRngState"]["per_rank"].shape[0] == 2
-    assert saved["ImageDataModule"] == {"epoch": 1, "batches_trained": 0}
+    assert saved["ImageDataModule"] == {"epoch": 1, "batches_trained": 0, "batch_size": 32}
     assert _all_exited(tmp_path)
 
 

@@ -117,6 +117,19 @@ def _stderr_lines(result) -> list[str]:
     return [line for line in result.stderr.splitlines() if line.startswith(("error:", "stopped:"))]
 
 
+def _saved_and_stopped(result, root: Path, step: int) -> Path:
+    """The run "split" stopped on SIGTERM with one line, its last.ckpt at ``step``."""
+    assert result.returncode == 128 + signal.SIGTERM, result.stderr[-3000:]
+    last = root / "runs" / "split" / "version_0" / "checkpoints" / "last.ckpt"
+    assert _stderr_lines(result) == [
+        f"stopped: SIGTERM at step {step}; saved {last.relative_to(root)} "
+        "(resume with --ckpt_path last)"
+    ]
+    assert "Traceback" not in result.stderr
+    assert torch.load(last, weights_only=True, map_location="cpu")["global_step"] == step
+    return last
+
+
 @pytest.mark.slow
 def test_sigterm_saves_a_checkpoint_that_resumes_exactly(in_tmp, capsys):
     from tests.test_resume import RUN, assert_same_training_state, fit, steps
@@ -130,15 +143,8 @@ def test_sigterm_saves_a_checkpoint_that_resumes_exactly(in_tmp, capsys):
          "--trainer.callbacks.init_args.step=5"],
         cwd=in_tmp,
     )  # fmt: skip
-    assert result.returncode == 128 + signal.SIGTERM, result.stderr[-3000:]
-    last = in_tmp / "runs" / "split" / "version_0" / "checkpoints" / "last.ckpt"
     # The step the signal arrived in finished; the next check (after step 6) saved and stopped.
-    assert _stderr_lines(result) == [
-        f"stopped: SIGTERM at step 6; saved {last.relative_to(in_tmp)} "
-        "(resume with --ckpt_path last)"
-    ]
-    assert "Traceback" not in result.stderr
-    assert torch.load(last, weights_only=True, map_location="cpu")["global_step"] == 6
+    last = _saved_and_stopped(result, in_tmp, step=6)
 
     capsys.readouterr()
     fit(in_tmp, "split", "--ckpt_path=last")
@@ -180,13 +186,7 @@ def test_sigterm_to_the_process_group_with_workers_saves_and_resumes_exactly(
          f"--trainer.callbacks.init_args.in_validation={where == 'validation'}"],
         cwd=in_tmp, new_session=True,
     )  # fmt: skip
-    assert result.returncode == 128 + signal.SIGTERM, result.stderr[-3000:]
-    last = in_tmp / "runs" / "split" / "version_0" / "checkpoints" / "last.ckpt"
-    assert _stderr_lines(result) == [
-        f"stopped: SIGTERM at step {saved_at}; saved {last.relative_to(in_tmp)} "
-        "(resume with --ckpt_path last)"
-    ]
-    assert torch.load(last, weights_only=True, map_location="cpu")["global_step"] == saved_at
+    _saved_and_stopped(result, in_tmp, step=saved_at)
     capsys.readouterr()
     fit(in_tmp, "split", "--data.num_workers=2", "--ckpt_path=last")
     assert steps(in_tmp / "split.batches") == steps(in_tmp / "whole.batches")

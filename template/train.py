@@ -34,6 +34,7 @@ from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from gpu_busy.faults.log_writes import guard_log_writes
 from gpu_busy.faults.training_stopped import TrainingStopped
 from gpu_busy.log import current_rank, get_logger, setup_logging
 from gpu_busy.resume import checkpoint_file
@@ -410,6 +411,7 @@ class TemplateCLI(LightningCLI):
         logger = self.trainer.logger
         root = Path(logger.root_dir) if logger is not None else Path(self.trainer.default_root_dir)
         check_writable(root)
+        guard_log_writes(self.trainer.loggers)
         if self.checkpoint is not None and logger is not None and current_rank() == 0:
             step = int(self.checkpoint[1].get("global_step") or 0)
             checkpoint_file.keep_earlier_metrics(logger, up_to_step=step)

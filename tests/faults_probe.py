@@ -128,3 +128,24 @@ class RequeueSaveAt(pl.Callback):
             connector = trainer._checkpoint_connector
             trainer.save_checkpoint(connector.hpc_save_path(trainer.default_root_dir))
             trainer.should_stop = True
+
+
+class BreakRunDirAt(pl.Callback):
+    """After step ``step``, delete the run's directory (``how="delete"``) or make it
+    read-only (``how="readonly"``), as a cleanup script or a lost mount would."""
+
+    def __init__(self, step: int, how: str = "delete") -> None:
+        self.step, self.how = step, how
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.global_step != self.step or not trainer.is_global_zero:
+            return
+        import shutil
+        import stat
+
+        folder = Path(trainer.log_dir)
+        if self.how == "delete":
+            shutil.rmtree(folder)
+        else:
+            for path in [folder, *folder.rglob("*")]:
+                path.chmod(path.stat().st_mode & ~(stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH))

@@ -461,3 +461,41 @@ def test_a_rank_that_stops_the_run_ends_the_ranks_it_started_even_frozen(monkeyp
     finally:
         if child.poll() is None:
             child.kill()
+
+
+@pytest.mark.slow
+def test_a_run_directory_deleted_mid_run_costs_its_old_logs_not_the_run(tmp_path):
+    result = run_entry_point(
+        ["fit", "--config", DEFAULT, "--config", DEBUG, "--trainer.max_epochs=2",
+         "--trainer.callbacks+=tests.faults_probe.BreakRunDirAt",
+         "--trainer.callbacks.init_args.step=2"],
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    assert result.stderr.count("the run directory") == 1 and "was gone: made again" in result.stderr
+    run = tmp_path / "runs" / "debug" / "version_0"
+    saved = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True, map_location="cpu")
+    assert saved["global_step"] == 8 and (run / "metrics.csv").is_file()
+
+
+def test_a_log_write_that_keeps_failing_is_one_warning_and_training_goes_on(tmp_path, caplog):
+    # A read-only run directory (what this test's root user cannot make: a stand-in logger).
+    import logging
+    import types
+
+    from gpu_busy.faults.log_writes import guard_log_writes
+
+    calls = []
+
+    def save():
+        calls.append(1)
+        raise PermissionError(13, "Permission denied")
+
+    logger = types.SimpleNamespace(log_dir=str(tmp_path), save=save)
+    guard_log_writes([logger])
+    with caplog.at_level(logging.WARNING):
+        for _ in range(3):
+            assert logger.save() is None
+    assert len(calls) == 3 and caplog.text.count("cannot write the") == 1
+    assert "Permission denied" in caplog.text and "training goes on" in caplog.text

@@ -117,6 +117,23 @@ def check_master_port(accelerator: str, devices, num_nodes) -> None:
         ) from None
 
 
+def check_slurm_launch() -> None:
+    """SLURM's variables for several tasks make Lightning wait for all of them; a process
+    started without ``srun`` (a batch script's ``python ...``) is the only one, and would
+    wait forever at "Initializing distributed". ``srun`` sets ``SLURM_STEP_NUM_TASKS`` for
+    the tasks it starts; Lightning ignores SLURM in an interactive job ("bash")."""
+    tasks = os.environ.get("SLURM_NTASKS")
+    if not tasks or os.environ.get("SLURM_JOB_NAME") in ("bash", "interactive"):
+        return
+    if int(tasks) > 1 and os.environ.get("SLURM_STEP_NUM_TASKS") != tasks:
+        raise UserError(
+            f"SLURM's environment has {tasks} tasks, but this process was not started by "
+            "srun for them (SLURM_STEP_NUM_TASKS is "
+            f"{os.environ.get('SLURM_STEP_NUM_TASKS', 'unset')}): put srun in front of the "
+            "command in your batch script, or ask for one task per GPU with --ntasks-per-node"
+        )
+
+
 def resolve_precision(accelerator: str) -> str:
     on_gpu = accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available())
     if on_gpu:
@@ -315,6 +332,7 @@ class TemplateCLI(LightningCLI):
         accelerator = str(trainer.accelerator)
         check_devices(accelerator, trainer.devices)
         check_master_port(accelerator, trainer.devices, trainer.get("num_nodes"))
+        check_slurm_launch()
         accumulate = trainer.get("accumulate_grad_batches")
         if not isinstance(accumulate, int) or accumulate < 1:
             raise UserError(

@@ -66,6 +66,46 @@ def test_slurm_variables(clean_env):
     assert environment.main_address == "gpu01"
 
 
+SLURM_TWO_TASKS = {
+    "SLURM_NTASKS": "2", "SLURM_NTASKS_PER_NODE": "2", "SLURM_PROCID": "0",
+    "SLURM_LOCALID": "0", "SLURM_NODEID": "0", "SLURM_NODELIST": "localhost",
+    "SLURM_JOB_ID": "1234", "SLURM_JOB_NAME": "train",
+}  # fmt: skip
+
+
+def test_slurm_tasks_started_without_srun_are_one_line(clean_env):
+    """A batch script's plain `python ...` under --ntasks=2: Lightning would wait forever
+    for the second task at "Initializing distributed"."""
+    from template.errors import UserError
+    from template.train import check_slurm_launch
+
+    for name, value in SLURM_TWO_TASKS.items():
+        clean_env.setenv(name, value)
+    with pytest.raises(UserError, match="not started by srun") as caught:
+        check_slurm_launch()
+    assert "put srun in front of the command" in str(caught.value)
+    clean_env.setenv("SLURM_STEP_NUM_TASKS", "2")  # what srun sets for the tasks it starts
+    check_slurm_launch()
+    clean_env.setenv("SLURM_JOB_NAME", "bash")  # an interactive job: Lightning ignores SLURM
+    clean_env.delenv("SLURM_STEP_NUM_TASKS")
+    check_slurm_launch()
+
+
+@pytest.mark.slow
+def test_a_run_under_slurm_variables_without_srun_exits_at_once(tmp_path):
+    from tests.conftest import DEBUG, DEFAULT, run_entry_point
+
+    env = {name: value for name, value in os.environ.items() if not name.startswith("SLURM_")}
+    result = run_entry_point(
+        ["fit", "--config", DEFAULT, "--config", DEBUG, "--trainer.accelerator=cpu",
+         "--trainer.devices=2"],
+        cwd=tmp_path, timeout=120, env={**env, **SLURM_TWO_TASKS},
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr[-3000:]
+    (line,) = [x for x in result.stderr.splitlines() if x.startswith("error:")]
+    assert "SLURM's environment has 2 tasks, but this process was not started by srun" in line
+
+
 def test_cluster_tests_leave_no_rank_behind():
     # Runs after the two above (file order): the fixture restored rank zero and the env.
     from lightning.fabric.utilities.rank_zero import rank_zero_only

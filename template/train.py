@@ -272,10 +272,24 @@ class TemplateCLI(LightningCLI):
 
     def parse_arguments(self, parser, args) -> None:
         super().parse_arguments(parser, args)
-        # Resolved and checked before LightningCLI reads the file's hyperparameters.
-        self.checkpoint = None
         subcommand = self.config.get("subcommand")
         config = self.config[subcommand] if subcommand else None
+        raw = list(sys.argv[1:] if args is None else args)
+        for group in ("model", "data"):
+            carried = carried_settings(group, config.get(group) if config else None, raw)
+            if carried:
+                final = config[group].class_path
+                log.warning(
+                    "%s: %s takes %s from the config files, where they were set for %s; "
+                    "pass --%s.<name>=<value> to choose its own",
+                    group,
+                    final,
+                    ", ".join(f"{k}={v!r}" for k, (v, _) in carried.items()),
+                    " and ".join(sorted({owner for _, owner in carried.values()})),
+                    group,
+                )
+        # Resolved and checked before LightningCLI reads the file's hyperparameters.
+        self.checkpoint = None
         wanted = config.get("ckpt_path") if config else None
         if not wanted or wanted in ("hpc", "registry"):
             return
@@ -435,6 +449,54 @@ class TemplateCLI(LightningCLI):
             checkpoint_file.keep_earlier_metrics(logger, up_to_step=step)
 
     before_validate = before_test = before_predict = _check_checkpoint_fits_model
+
+
+def carried_settings(group: str, final: object, args: list[str]) -> dict[str, tuple]:
+    """The ``init_args`` of ``group`` ("model", "data") that reach its class only because a
+    config file set them for another class: ``{name: (value, that class)}``.
+
+    jsonargparse keeps the ``init_args`` a new ``class_path`` also accepts, so swapping in
+    your own model on the command line hands it the example's learning rate. A value
+    counts as carried when a ``--config`` file set it while another class was in effect
+    there, the final config holds that same value, and the command line did not set it.
+    """
+    if not isinstance(final, Namespace) or not final.get("class_path"):
+        return {}
+    given = set()
+    for arg in args:
+        if arg.startswith(f"--{group}."):
+            given.add(arg[len(group) + 3 :].split("=", 1)[0].removeprefix("init_args."))
+    values = final.get("init_args") or Namespace()
+    carried: dict[str, tuple] = {}
+    current = None
+    for file in _config_files(args):
+        try:
+            section = (yaml.safe_load(file.read_text()) or {}).get(group)
+        except (OSError, yaml.YAMLError, AttributeError):
+            continue
+        if not isinstance(section, dict):
+            continue
+        current = section.get("class_path", current)
+        settings = section.get("init_args") or {
+            k: v for k, v in section.items() if k not in ("class_path", "init_args")
+        }
+        if current is None or current == final.class_path or not isinstance(settings, dict):
+            continue
+        for name, value in settings.items():
+            if name not in given and name in values and values.get(name) == value:
+                carried[name] = (value, current)
+    return carried
+
+
+def _config_files(args: list[str]) -> list[Path]:
+    """The ``--config`` files on a command line, in order."""
+    files = []
+    for i, arg in enumerate(args):
+        if arg in ("--config", "-c") and i + 1 < len(args):
+            files.append(Path(args[i + 1]).expanduser())
+        elif arg.startswith("--config="):
+            files.append(Path(arg.split("=", 1)[1]).expanduser())
+    return [f for f in files if f.is_file()]
 
 
 def _fixed_version(logger: object) -> object:

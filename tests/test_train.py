@@ -177,3 +177,22 @@ def test_the_entry_point_gives_the_callers_matmul_precision_back(in_tmp):
     args = ["--config", DEBUG, "--trainer.limit_train_batches=1", "--trainer.limit_val_batches=0"]
     assert main(["fit", "--config", DEFAULT, *args]) == 0
     assert torch.get_float32_matmul_precision() == "highest"
+
+
+def test_a_swapped_in_model_is_told_which_of_the_examples_settings_it_takes(in_tmp, capsys):
+    """jsonargparse hands a new class_path the init_args it also accepts: the example's
+    lr=0.4 would train your model without a word."""
+    swap = ["--model.class_path=tests.foreign_modules.BlobClassifier",
+            "--data.class_path=tests.foreign_modules.BlobData",
+            "--trainer.max_epochs=1"]  # fmt: skip
+    assert main(["fit", "--config", DEFAULT, "--config", DEBUG, *swap]) == 0
+    err = capsys.readouterr().err
+    (line,) = [x for x in err.splitlines() if "takes lr=0.4" in x]
+    assert "BlobClassifier" in line and "set for template.models.ImageClassifier" in line
+    assert "--model.<name>=<value>" in line
+    # Set on the command line, the value is the user's own: nothing to say.
+    assert main(["fit", "--config", DEFAULT, "--config", DEBUG, *swap, "--model.lr=0.01"]) == 0
+    assert "takes lr=" not in capsys.readouterr().err
+    # The example itself keeps its settings silently.
+    assert main(["fit", "--config", DEFAULT, "--config", DEBUG]) == 0
+    assert "from the config files, where they were set" not in capsys.readouterr().err

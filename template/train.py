@@ -653,7 +653,8 @@ def _run(args: list[str] | None) -> int:
             subclass_mode_model=True,
             subclass_mode_data=True,
             save_config_kwargs={"overwrite": True},
-            parser_kwargs={"exit_on_error": False},
+            # No abbreviations: --trainer.max_epoch=1 is a misspelling, not max_epochs.
+            parser_kwargs={"exit_on_error": False, "allow_abbrev": False},
             args=args,
         )
     except (UserError, MisconfigurationException) as e:

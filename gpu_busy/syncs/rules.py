@@ -124,10 +124,15 @@ def move_target(d: Any, func: Any, args: tuple, kwargs: dict) -> bool | None:
 
 
 def _move_syncs(d: Any, args: tuple, kwargs: dict, func: Any) -> bool:
+    """Whether a move (see ``move_target``) is a copy between host and device that the
+    host waits for; ``.to`` may pass ``non_blocking`` by position."""
     target = move_target(d, func, args, kwargs)
     if target is None:
         return False
-    non_blocking = bool(kwargs.get("non_blocking", False))
+    if func is torch.Tensor.to:
+        non_blocking = to_target(args, kwargs)[2]
+    else:
+        non_blocking = bool(kwargs.get("non_blocking", False))
     return _blocking_copy(d, args[0], target, non_blocking)
 
 
@@ -138,13 +143,6 @@ def _blocking_copy(d: Any, src: Any, to_host: bool, non_blocking: bool) -> bool:
     if non_blocking or not isinstance(src, torch.Tensor):
         return False
     return d.on_device(src) == to_host  # device -> host, or host -> device
-
-
-def _to_syncs(d: Any, args: tuple, kwargs: dict) -> bool:
-    device, like, non_blocking = to_target(args, kwargs)
-    if device is None:  # a dtype or layout change stays where it is
-        return False
-    return _blocking_copy(d, args[0], means_host(d, device, like), non_blocking)
 
 
 def _copy_syncs(d: Any, args: tuple, kwargs: dict) -> bool:
@@ -305,7 +303,7 @@ PYTHON_RULES: dict[Any, Rule] = {
     torch.Tensor.to: Rule(
         "Tensor.to (a blocking copy between host and device)",
         "copy with non_blocking=True (from pinned memory to the device), or create it there",
-        _to_syncs,
+        lambda d, a, k: _move_syncs(d, a, k, torch.Tensor.to),
         owns=True,
     ),
     torch.Tensor.type_as: Rule(

@@ -7,10 +7,16 @@ silently misbehaving.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import functools
+import os
+import sys
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import lightning.pytorch as pl
+
+from gpu_busy.syncs.detector import user_frame
 
 
 def is_logging_step(trainer: pl.Trainer) -> bool:
@@ -104,6 +110,28 @@ def throttle_sigterm_broadcast(trainer: pl.Trainer, due: Callable[[], bool]) -> 
         loop.__dict__.pop("_broadcast_sigterm_tensor", None)
 
     return undo
+
+
+def around_batch_end(
+    trainer: pl.Trainer, enter: Callable[[], None], leave: Callable[[], None]
+) -> Callable[[], None]:
+    """Call ``enter`` and ``leave`` around Lightning's own work after a training batch, the
+    step's metrics gathered (and its ``prog_bar`` ones converted): after every callback's
+    and the module's ``on_train_batch_end``, where no hook reaches. Returns the undo."""
+    connector = trainer._logger_connector
+    # Private: _LoggerConnector.on_batch_end (Lightning 2.0 to 2.6), called by
+    # _TrainingEpochLoop.advance right after the module's on_train_batch_end.
+    original = connector.on_batch_end
+
+    def on_batch_end(*args: Any, **kwargs: Any) -> Any:
+        enter()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            leave()
+
+    connector.on_batch_end = on_batch_end
+    return lambda: connector.__dict__.pop("on_batch_end", None)
 
 
 def keep_handlers_past_teardown(trainer: pl.Trainer, handlers: dict[int, Any]) -> dict[int, Any]:
@@ -214,3 +242,68 @@ LIGHTNING_READS = (
         "steps or at epoch end",
     ),
 )
+
+
+_CORE = os.path.dirname(os.path.abspath(pl.LightningModule.log.__code__.co_filename)) + os.sep
+_RESULT_COLLECTION = os.path.join(
+    "lightning", "pytorch", "trainer", "connectors", "logger_connector", "result.py"
+)
+
+
+class LoggedAt:
+    """Where each ``prog_bar=True`` metric was logged, so that Lightning's conversion of it
+    after the step is reported at the user's ``self.log`` line.
+
+    Lightning turns every ``prog_bar=True`` tensor into a number after every training
+    step, outside any user frame (``ResultCollection.metrics``, result.py:492 in 2.6: an
+    ``.item()`` per metric). ``install()`` wraps ``LightningModule.log`` while a fit runs
+    and keeps, per ``(hook, name)``, the user line that logged it; ``origin`` is a
+    ``SyncDetector`` origin that finds that line from the converting frame.
+
+    Example::
+
+        logged = LoggedAt()
+        with logged.install():
+            detector = SyncDetector("cpu", origins=(logged.origin,))
+    """
+
+    def __init__(self) -> None:
+        self.lines: dict[tuple[str, str], tuple[str, int, str]] = {}
+
+    @contextlib.contextmanager
+    def install(self) -> Iterator[None]:
+        original = pl.LightningModule.log
+        lines = self.lines
+
+        @functools.wraps(original)
+        def log(module, name, value, *args, **kwargs):
+            if kwargs.get("prog_bar") or (len(args) > 0 and args[0] is True):
+                # The line that logged: the user's, else the library's that called log
+                # (a demo module's own training_step), past Lightning's log_dict.
+                caller = sys._getframe(1)
+                while caller is not None and caller.f_code.co_filename.startswith(_CORE):
+                    caller = caller.f_back
+                frame = user_frame(caller) or caller
+                if frame is not None:
+                    # Private: LightningModule._current_fx_name (Lightning 2.0 to 2.6), the
+                    # ``fx`` of the ResultCollection key Lightning stores the metric under.
+                    code = frame.f_code
+                    lines[(module._current_fx_name, name)] = (
+                        code.co_filename, frame.f_lineno, code.co_name
+                    )  # fmt: skip
+            return original(module, name, value, *args, **kwargs)
+
+        pl.LightningModule.log = log
+        try:
+            yield
+        finally:
+            pl.LightningModule.log = original
+
+    def origin(self, frame: Any) -> tuple[str, int, str] | None:
+        code = frame.f_code
+        if code.co_name != "metrics" or not code.co_filename.endswith(_RESULT_COLLECTION):
+            return None
+        # Private: the loop variable ``result_metric`` of ResultCollection.metrics and its
+        # ``meta.fx``/``meta.name`` (Lightning 2.0 to 2.6): the metric being converted.
+        meta = frame.f_locals["result_metric"].meta
+        return self.lines.get((meta.fx, meta.name))

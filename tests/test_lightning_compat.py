@@ -294,3 +294,49 @@ def test_lightnings_teardown_puts_back_the_handler_we_keep(tmp_path):
     assert isinstance(connector._original_handlers, dict), "_original_handlers was renamed"
     assert seen["on_fit_end"] == stop.request._handle, "Lightning's handler came back first"
     assert signal.getsignal(signal.SIGTERM) == before, "the original handler was not restored"
+
+
+def test_prog_bar_conversions_are_found_at_the_line_that_logged_them(tmp_path):
+    """LightningModule._current_fx_name, ResultCollection.metrics' ``result_metric`` and
+    _LoggerConnector.on_batch_end: where Lightning converts a prog_bar metric after a step."""
+    from lightning.pytorch.demos.boring_classes import BoringModel
+
+    from gpu_busy.syncs.detector import SyncDetector
+
+    logged = compat.LoggedAt()
+    found, order = [], []
+
+    class Logs(BoringModel):
+        def training_step(self, batch, batch_idx):
+            out = super().training_step(batch, batch_idx)
+            self.log_dict({"pb": out["loss"]}, prog_bar=True)  # through log_dict
+            return out
+
+    class Probe(pl.Callback):
+        def on_train_start(self, trainer, pl_module):
+            detector = SyncDetector("cpu", origins=(logged.origin,))
+            self.undo = compat.around_batch_end(
+                trainer, lambda: (order.append("enter"), detector.__enter__()),
+                lambda: (detector.__exit__(None, None, None), order.append("leave"),
+                         found.extend(detector.take())),
+            )  # fmt: skip
+
+        def on_train_batch_end(self, trainer, *args):
+            order.append("callback")
+
+        def on_train_end(self, trainer, pl_module):
+            self.undo()
+
+    trainer = pl.Trainer(accelerator="cpu", max_steps=2, logger=False, callbacks=[Probe()],
+                         enable_progress_bar=False, enable_checkpointing=False,
+                         enable_model_summary=False, default_root_dir=tmp_path)  # fmt: skip
+    with logged.install():
+        assert pl.LightningModule.log is not BoringModel.__dict__.get("log")
+        trainer.fit(Logs())
+    assert pl.LightningModule.log.__qualname__ == "LightningModule.log"  # restored
+    assert order == ["callback", "enter", "leave"] * 2
+    (fx_name,) = logged.lines
+    assert fx_name == ("training_step", "pb")
+    assert [e.op for e in found] == ["Tensor.item()"] * 2, found
+    assert all(e.filename == __file__ and "log_dict" in e.code for e in found)
+    assert all("result.py" in e.via and e.function == "training_step" for e in found)

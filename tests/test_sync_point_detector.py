@@ -265,3 +265,33 @@ def test_under_github_actions_the_users_sync_lines_are_annotated(tmp_path, monke
     # The user's own line only: not Lightning's reads, not this package's allowed ones.
     assert len(out) == 1 and out[0].startswith("::warning file=tests/test_sync_point_detector.py")
     assert "Tensor.item()" in out[0]
+
+
+class ProgBarLoss(ImageClassifier):
+    def training_step(self, batch, batch_idx):
+        images, labels = batch
+        loss = torch.nn.functional.cross_entropy(self(images), labels)
+        self.log("train/loss_pb", loss, prog_bar=True)  # the line Lightning's read stands for
+        return loss
+
+
+def test_a_prog_bar_metric_is_reported_at_its_self_log_line_on_a_short_fit(tmp_path, caplog):
+    """Lightning converts it after the step, in its own loop; the report names the line that
+    logged it. A 40-batch fit can afford one watched batch: a whole one, which sees it."""
+    detector = SyncPointDetector()
+    with caplog.at_level(logging.INFO):
+        _fit(tmp_path, ProgBarLoss(width=4), [detector], limit_train_batches=40,
+             log_every_n_steps=50)  # fmt: skip
+    assert detector.report["watched_batches"] == 1
+    (site,) = [s for s in detector.table.sites.values() if s.steady_count]
+    assert site.filename == __file__ and "prog_bar=True)  # the line" in site.code
+    assert site.function == "training_step" and "result.py" in site.via
+    assert "LoggingStepProgressBar" in site.hint
+    # Two conversions a step: the progress bar's refresh, and Lightning's after the step.
+    assert site.count == 2 and detector.report["steady_syncs_per_batch"] == 2
+
+
+def test_strict_fails_at_the_self_log_line_of_a_prog_bar_metric(tmp_path):
+    with pytest.raises(SyncError, match=r"at .*test_sync_point_detector.py:\d+ in training_step"):
+        _fit(tmp_path, ProgBarLoss(width=4), [SyncPointDetector(strict=True)])
+    assert pl.LightningModule.log.__module__ == "lightning.pytorch.core.module"  # unwrapped

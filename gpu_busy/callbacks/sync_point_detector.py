@@ -20,6 +20,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import asdict, dataclass
 
@@ -77,6 +78,7 @@ class SyncPointDetector(pl.Callback):
         self.device_type = device_type
         self.log_stats = log_stats
         self.detector: SyncDetector | None = None
+        self._unwrap: contextlib.ExitStack | None = None
         self.report: dict = {}
         self._fit_start = 0.0
         self._first_global_step = 0
@@ -91,6 +93,7 @@ class SyncPointDetector(pl.Callback):
         self._clean = True  # no validation or epoch start inside the current window
         self._window_start: float | None = None
         self._due = False  # the next step is to be watched
+        self._between_strict = False  # strict in Lightning's work after the step ended
         # (logger step, epoch, syncs, steady) of the watched steps since the last log
         self._rows: list[tuple[int, int, int, bool]] = []
         self.totals = WatchedSums()  # this rank's, in this fit
@@ -100,14 +103,21 @@ class SyncPointDetector(pl.Callback):
 
     def on_train_start(self, trainer, pl_module) -> None:
         device_type = self.device_type or trainer.strategy.root_device.type
-        self.detector = SyncDetector(device_type)
+        # Lightning's prog_bar conversions are reported at the lines that logged them.
+        self._logged_at = compat.LoggedAt()
+        self._unwrap = contextlib.ExitStack()
+        self._unwrap.enter_context(self._logged_at.install())
+        self.detector = SyncDetector(device_type, origins=(self._logged_at.origin,))
+        self._unwrap.callback(
+            compat.around_batch_end(trainer, self._strict_after_step, self._lenient_after_step)
+        )
         self._reset_run(costs=not self.detector.simulating)
         batches = trainer.estimated_stepping_batches * trainer.accumulate_grad_batches
         if self._fit_first_to_budget and not self.schedule.plan_fit(batches):
             log.info(
                 "SyncPointDetector: a fit of %d batches is too short to keep even one watched "
                 "batch within %.0f%% of its time (a watched batch costs about +%.0f%%); "
-                "watching one",
+                "watching one, the second (the first has no step before it to see)",
                 batches,
                 100 * self.schedule.budget,
                 100 * self.schedule.PRIOR_EXTRA,
@@ -173,6 +183,9 @@ class SyncPointDetector(pl.Callback):
         if self._due:
             self._start(trainer)
             self._set_phase("between steps")
+            # Lightning's conversion of this step's prog_bar metrics is the step's own: strict
+            # unless this was a logging step (see _strict_after_step).
+            self._between_strict = self.strict and not logging_now
 
     def on_validation_start(self, trainer, pl_module) -> None:
         if trainer.state.fn == "fit" and self.detector is not None and self.detector.active:
@@ -189,10 +202,20 @@ class SyncPointDetector(pl.Callback):
         self._window_start = None
 
     def on_exception(self, trainer, pl_module, exception) -> None:
-        self._stop(keep=False)
+        self._stop(keep=False, last=True)
 
     def teardown(self, trainer, pl_module, stage) -> None:
-        self._stop(keep=False)
+        self._stop(keep=False, last=True)
+
+    def _strict_after_step(self) -> None:
+        # Only Lightning's own work after the step, not the saves of the callbacks that
+        # run after this one (checkpoints every N steps are not a step's syncs).
+        if self._watching and self._between_strict and self.detector is not None:
+            self.detector.strict = True
+
+    def _lenient_after_step(self) -> None:
+        if self.detector is not None:
+            self.detector.strict = False
 
     def _start(self, trainer: pl.Trainer) -> None:
         if self.detector is None:
@@ -205,7 +228,9 @@ class SyncPointDetector(pl.Callback):
         self.detector.strict = False  # armed in on_train_batch_start, once the step is known
         self.detector.__enter__()
 
-    def _stop(self, keep: bool) -> list:
+    def _stop(self, keep: bool, last: bool = False) -> list:
+        if last and self._unwrap is not None:
+            self._unwrap.close()
         self._watching = False
         if self.detector is None:
             return []
@@ -256,7 +281,7 @@ class SyncPointDetector(pl.Callback):
             )
 
     def on_train_end(self, trainer, pl_module) -> None:
-        self._stop(keep=False)
+        self._stop(keep=False, last=True)
         merged = SyncSiteTable(compat.LIGHTNING_READS, costs=self.table.costs)
         for rows in gather_objects(trainer, self.table.rows()):
             merged.merge(rows)

@@ -159,12 +159,22 @@ class SyncDetector:
     Use ``detect_syncs(...)`` to make one. ``phase`` labels events outside backward (the
     Lightning callback sets it per hook); ``strict`` raises ``SyncError`` at the first
     sync, before the op runs, so the traceback ends at the offending line.
+
+    ``origins``: for a sync a library makes with no user frame inside its training loop,
+    functions that may name the user line it stands for: each gets a library frame of the
+    sync's stack and returns ``(filename, lineno, function)`` or None (Lightning's conversion of a
+    ``prog_bar=True`` metric stands for the ``self.log`` line: ``lightning_compat.LoggedAt``).
     """
 
     def __init__(
-        self, device_type: str = "cuda", strict: bool = False, cuda_debug: bool = True
+        self,
+        device_type: str = "cuda",
+        strict: bool = False,
+        cuda_debug: bool = True,
+        origins: tuple[Callable[[Any], tuple[str, int, str] | None], ...] = (),
     ) -> None:
         self.device_type = torch.device(device_type).type
+        self.origins = origins
         # On a machine without the device, its tensors are CPU tensors: the simulation.
         self.simulating = self.device_type == "cpu"
         self._host = WeakIdKeyDictionary()  # simulation: tensors that live on the host
@@ -341,7 +351,7 @@ class SyncDetector:
         if forward is not None:
             event = dataclasses.replace(forward, op=op, phase=phase, aten=aten)
         else:
-            event = _event_here(op, phase, aten)
+            event = _event_here(op, phase, aten, self.origins)
         event = dataclasses.replace(event, hint=hint, allowed=_ALLOWED.get())
         self.events.append(event)
         self._untimed = len(self.events) - 1 if timed else None
@@ -465,13 +475,13 @@ class SyncDetector:
 
 
 def detect_syncs(
-    device_type: str = "cuda", strict: bool = False, cuda_debug: bool = True
+    device_type: str = "cuda", strict: bool = False, cuda_debug: bool = True, origins: tuple = ()
 ) -> SyncDetector:
     """A context manager recording every host-device sync while active.
 
     ``device_type``: which tensors count as device memory ("cuda"; "cpu" to simulate on
     CPU CI). ``strict``: raise ``SyncError`` at the first one. ``cuda_debug``: also arm
-    CUDA's own sync debug mode (CUDA only).
+    CUDA's own sync debug mode (CUDA only). ``origins``: see ``SyncDetector``.
 
     Example::
 
@@ -479,7 +489,7 @@ def detect_syncs(
             step(batch)
         assert not rec.events, "\\n".join(map(str, rec.events))
     """
-    return SyncDetector(device_type, strict=strict, cuda_debug=cuda_debug)
+    return SyncDetector(device_type, strict=strict, cuda_debug=cuda_debug, origins=origins)
 
 
 def assert_no_syncs(fn: Callable[..., T], *args: Any, device_type: str = "cpu", **kwargs: Any) -> T:
@@ -588,16 +598,28 @@ def _excused_in_simulation() -> bool:
     return False
 
 
-def _event_here(op: str, phase: str, aten: str | None) -> SyncEvent:
+def user_frame(frame: Any) -> Any:
+    """The innermost frame of user code at or outside ``frame``; None if there is none
+    inside the training loop (see ``_event_here``)."""
+    while frame is not None and _is_library(frame.f_code.co_filename):
+        if _TRAINING_LOOP.search(frame.f_code.co_filename):
+            return None
+        frame = frame.f_back
+    return frame
+
+
+def _event_here(op: str, phase: str, aten: str | None, origins: tuple = ()) -> SyncEvent:
     """The event at the innermost user frame, going outward from the op.
 
     A user frame reached only through a training loop (Lightning's loops or Trainer) is the
     code that started training, not what asked for the read: the event then names the
-    library line that did (``via``), as it does when no user frame exists at all (the
-    autograd engine's own thread on CUDA)."""
+    user line one of ``origins`` finds for a library frame (see ``SyncDetector``), else
+    the library line that asked (``via``), as it does when no user frame exists at all
+    (the autograd engine's own thread on CUDA)."""
     chain: list[str] = []
     via = via_frame = None
     in_loop = False
+    frames = []
     frame = sys._getframe(1)
     while frame is not None:
         filename = frame.f_code.co_filename
@@ -608,20 +630,36 @@ def _event_here(op: str, phase: str, aten: str | None) -> SyncEvent:
         if not filename.startswith(_SYNCS_DIR):
             where = f"{_short_path(filename)}:{frame.f_lineno} in {frame.f_code.co_name}"
             chain.append(where)
-            if via is None and not filename.startswith(_TORCH_DIR):
-                via, via_frame = where, frame
+            if not filename.startswith(_TORCH_DIR):
+                frames.append((frame, where))
+                if via is None:
+                    via, via_frame = where, frame
             in_loop = in_loop or bool(_TRAINING_LOOP.search(filename))
         frame = frame.f_back
+    for library_frame, where in frames:
+        for origin in origins:
+            try:
+                found = origin(library_frame)
+            except Exception:  # a wrong guess must not cost the event, nor the program
+                found = None
+            if found is not None:
+                filename, lineno, function = found
+                return _event_at_line(op, filename, lineno, phase, aten, tuple(chain[:12]),
+                                      where, function)  # fmt: skip
     if via_frame is not None:
         return _event_at(op, via_frame, phase, aten, tuple(chain[:12]), None)
     return SyncEvent(op, "<library>", 0, "", "", phase, aten, tuple(chain[:12]), via)
 
 
 def _event_at(op: str, frame: Any, phase: str, aten: str | None, chain: tuple, via: Any):
-    filename = frame.f_code.co_filename
-    code = linecache.getline(filename, frame.f_lineno).strip()
-    return SyncEvent(op, filename, frame.f_lineno, frame.f_code.co_name, code, phase, aten,
-                     chain, via)  # fmt: skip
+    return _event_at_line(op, frame.f_code.co_filename, frame.f_lineno, phase, aten, chain,
+                          via, frame.f_code.co_name)  # fmt: skip
+
+
+def _event_at_line(op: str, filename: str, lineno: int, phase: str, aten: str | None,
+                   chain: tuple, via: Any, function: str = "") -> SyncEvent:  # fmt: skip
+    code = linecache.getline(filename, lineno).strip()
+    return SyncEvent(op, filename, lineno, function, code, phase, aten, chain, via)
 
 
 # Where a training loop runs: a user frame outside it only started training.

@@ -28,7 +28,11 @@ class WatchSchedule:
     """Watch the first ``first`` steps, then as often as the budget allows (from measurement).
 
     ``plan_fit(steps)`` at the start of a fit of known length lowers ``first`` so that the
-    always-watched steps fit the budget of the whole fit, by the prior cost below.
+    always-watched steps fit the budget of the whole fit, by the prior cost below. When
+    that leaves one, it is the second step, not the first: a step is watched from the end
+    of the one before, so only from the second on does a window hold everything a steady
+    step does (the loop's work between steps: Lightning converts ``prog_bar`` metrics
+    there).
 
     Args:
         budget: largest share of run time the watching may cost (0.01 = 1%).
@@ -45,6 +49,7 @@ class WatchSchedule:
             raise ValueError(f"budget must be in (0, 1], got {budget}")
         self.budget = budget
         self.first = self.first_asked = first
+        self.first_at = 0  # the always-watched steps are first_at .. first_at + first - 1
         self.max_interval = max_interval
         self.interval: int | None = None  # steady-state spacing; None: not measured yet
         self.extra: float | None = None  # cost of a watched step, in plain steps
@@ -61,16 +66,18 @@ class WatchSchedule:
         """Fit the always-watched first steps into the budget of a fit of ``steps`` (None or
         inf: unknown, keep ``first``). At least one is watched; returns False when even that
         one is over the budget (a fit shorter than ``PRIOR_EXTRA / budget`` steps)."""
-        self.first = self.first_asked
+        self.first, self.first_at = self.first_asked, 0
         if steps is None or math.isinf(steps) or steps <= 0:
             return True
         affordable = int(self.budget * steps / self.PRIOR_EXTRA)
         self.first = max(1, min(self.first_asked, affordable))
+        if self.first == 1 and steps >= 2:
+            self.first_at = 1
         return affordable >= 1
 
     def should_watch(self, step: int) -> bool:
-        if step < self.first:
-            watch = True
+        if step < self.first_at + self.first:
+            watch = step >= self.first_at
         elif self.extra is None:
             watch = self.interval is not None and step - self._last_watched >= self.interval
         else:

@@ -12,7 +12,7 @@ import torch
 from bench.end_to_end import HostAugmented, PlainClassifier
 from gpu_busy.syncs import detect_syncs
 from template.data.synthetic import make_shapes
-from tests.conftest import ROOT
+from tests.conftest import HANG_S, ROOT
 
 
 def test_the_plain_arm_is_what_a_first_setup_does():
@@ -35,7 +35,7 @@ def test_quick_suite_runs_on_the_cpu_and_ends_with_its_table(tmp_path):
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=HANG_S,
     )
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     table = done.stdout[done.stdout.index("claim ") :].splitlines()

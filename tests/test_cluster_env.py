@@ -93,13 +93,13 @@ def test_slurm_tasks_started_without_srun_are_one_line(clean_env):
 
 @pytest.mark.slow
 def test_a_run_under_slurm_variables_without_srun_exits_at_once(tmp_path):
-    from tests.conftest import DEBUG, DEFAULT, run_entry_point
+    from tests.conftest import DEBUG, DEFAULT, HANG_S, run_entry_point
 
     env = {name: value for name, value in os.environ.items() if not name.startswith("SLURM_")}
     result = run_entry_point(
         ["fit", "--config", DEFAULT, "--config", DEBUG, "--trainer.accelerator=cpu",
          "--trainer.devices=2"],
-        cwd=tmp_path, timeout=120, env={**env, **SLURM_TWO_TASKS},
+        cwd=tmp_path, timeout=HANG_S, env={**env, **SLURM_TWO_TASKS},
     )  # fmt: skip
     assert result.returncode == 2, result.stderr[-3000:]
     (line,) = [x for x in result.stderr.splitlines() if x.startswith("error:")]

@@ -15,7 +15,7 @@ import torch.distributed as dist
 from gpu_busy.faults.peer_watch import PeerWatch, describe_exit
 from gpu_busy.faults.stop_request import StopRequest
 from gpu_busy.faults.training_stopped import TrainingStopped
-from tests.conftest import DEBUG, DEFAULT, run_entry_point
+from tests.conftest import DEBUG, DEFAULT, HANG_S, run_entry_point
 
 # -- the mechanisms, alone -------------------------------------------------------------
 
@@ -61,7 +61,9 @@ def test_a_rank_that_raises_is_seen_by_the_others_within_the_poll_interval():
     watches[1].report_failure("RuntimeError: boom")
     waited = _until(lambda: len(seen) == 2)
     assert sorted(seen) == [(0, 1, "RuntimeError: boom"), (2, 1, "RuntimeError: boom")]
-    assert waited < 1.0
+    # Bounds tell the mechanisms apart (a report vs the 5 s peer timeout) with room for a
+    # loaded machine's scheduling; none is a speed claim.
+    assert waited < 2.5
     # The first failure recorded stays the one reported.
     watches[2].report_failure("RuntimeError: Connection closed by peer")
     assert watches[2].failure() == (1, "RuntimeError: boom")
@@ -72,7 +74,7 @@ def test_rank_zero_declares_a_silent_rank_dead_after_the_peer_timeout():
     watches[0].start()  # rank 1 never beats: it was killed before it could
     waited = _until(lambda: seen, seconds=5)
     assert seen == [(0, 1, "stopped responding for 0 s (killed, or frozen)")]
-    assert 0.5 <= waited < 1.5
+    assert 0.5 <= waited < 4
 
 
 def test_a_child_that_exited_is_named_at_once_with_its_signal():
@@ -80,7 +82,7 @@ def test_a_child_that_exited_is_named_at_once_with_its_signal():
     watches[0].exit_codes = lambda: {1: -signal.SIGKILL}
     watches[1].start()  # still beating: the exit code alone says it is gone
     watches[0].start()
-    assert _until(lambda: seen) < 1.0
+    assert _until(lambda: seen) < 5  # the exit code, not the 30 s peer timeout
     assert seen == [(0, 1, "was killed by SIGKILL")]
     assert describe_exit(3) == "exited with code 3"
 
@@ -93,7 +95,7 @@ def test_a_clean_finish_is_not_a_failure_and_rank_zero_waits_for_the_others():
     late.start()
     started = time.monotonic()
     watches[0].finish()
-    assert 0.25 < time.monotonic() - started < 2
+    assert 0.25 < time.monotonic() - started < 4.5  # waited for rank 1, not the timeout
     time.sleep(0.2)
     assert seen == []
 
@@ -271,7 +273,7 @@ def test_ddp_sigterm_on_one_rank_stops_every_rank_at_the_same_step(tmp_path):
          "--trainer.callbacks.init_args.step=1", "--trainer.callbacks.init_args.rank=1",
          "--trainer.callbacks+=tests.faults_probe.FailAt",  # here only to record the pids
          "--trainer.callbacks.init_args.step=-1"],
-        cwd=tmp_path, timeout=180,
+        cwd=tmp_path, timeout=HANG_S,
     )  # fmt: skip
     assert result.returncode == 128 + signal.SIGTERM, result.stderr[-3000:]
     # Rank 1 alone got the signal after step 1; the ranks agreed at the next check (step 4).
@@ -297,7 +299,7 @@ def test_ddp_sigterm_on_one_rank_at_the_end_of_fit_ends_both_without_a_hang(tmp_
          "--trainer.callbacks.init_args.step=-2", "--trainer.callbacks.init_args.rank=1",
          "--trainer.callbacks+=tests.faults_probe.FailAt",  # here only to record the pids
          "--trainer.callbacks.init_args.step=-1"],
-        cwd=tmp_path, timeout=180,
+        cwd=tmp_path, timeout=HANG_S,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     assert "idle time:" in result.stderr + result.stdout  # the end-of-fit reports came out
@@ -318,7 +320,7 @@ def test_a_failed_rank_ends_every_rank_promptly_naming_it(tmp_path, rank, how, s
         [*DDP, "--trainer.callbacks+=tests.faults_probe.FailAt",
          "--trainer.callbacks.init_args.step=2", f"--trainer.callbacks.init_args.rank={rank}",
          f"--trainer.callbacks.init_args.how={how}"],
-        cwd=tmp_path, timeout=180,
+        cwd=tmp_path, timeout=HANG_S,
     )  # fmt: skip
     ended = time.time()
     assert result.returncode == 1, result.stderr[-3000:]
@@ -326,8 +328,9 @@ def test_a_failed_rank_ends_every_rank_promptly_naming_it(tmp_path, rank, how, s
     assert line.startswith(says), line
     assert "Connection closed by peer" not in result.stderr
     # Documented bound: a raise is seen within the poll interval (0.5 s), and so is a
-    # child the launcher started being killed; the rest is process exit.
-    assert ended - float((tmp_path / "failed_at").read_text()) < 10
+    # child the launcher started being killed; the rest is process exit (slow on a loaded
+    # machine; without the watch the ranks would wait for the collective's 30 min timeout).
+    assert ended - float((tmp_path / "failed_at").read_text()) < 120
     assert _all_exited(tmp_path)
 
 
@@ -423,7 +426,7 @@ def test_a_master_port_in_use_is_one_line_and_leaves_no_process(tmp_path):
         result = run_entry_point(
             [*DDP, "--trainer.callbacks+=tests.faults_probe.FailAt",  # records the pids
              "--trainer.callbacks.init_args.step=-1"],
-            cwd=tmp_path, timeout=120,
+            cwd=tmp_path, timeout=HANG_S,
             env={"MASTER_PORT": str(port), "MASTER_ADDR": "127.0.0.1"},
         )  # fmt: skip
     assert result.returncode == 2, result.stderr[-3000:]

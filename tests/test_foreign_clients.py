@@ -16,7 +16,7 @@ import torch
 from gpu_busy.callbacks import BestCheckpoint, StreamPrefetcher, SyncPointDetector
 from gpu_busy.syncs.rules import DDP_USED_MAP
 from tests import foreign_clients as clients
-from tests.conftest import DEBUG, DEFAULT, run_entry_point
+from tests.conftest import DEBUG, DEFAULT, HANG_S, run_entry_point
 
 
 def _fit(tmp_path, model, callbacks, ckpt_path=None, **trainer_args):
@@ -114,7 +114,7 @@ def test_ddp_with_find_unused_parameters_reports_the_reducers_one_copy_per_backw
          "--trainer.strategy=ddp_find_unused_parameters_true",
          "--trainer.callbacks+=gpu_busy.callbacks.SyncPointDetector",
          "--trainer.callbacks.first_steps=1000"],
-        cwd=tmp_path, timeout=240,
+        cwd=tmp_path, timeout=HANG_S,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(next(tmp_path.glob("runs/*/version_0/syncs.json")).read_text())

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import time
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -194,26 +193,51 @@ def test_a_real_cpu_profiler_trace(tmp_path):
 # -- StepTimer on host clocks ----------------------------------------------------------
 
 
-def test_host_clock_timer_measures_data_wait_idle_and_step_time():
+class HostClock:
+    """A scripted ``time`` for the step timer: ``perf_counter`` reads it, ``sleep`` moves it.
+    The figures come out exact, however loaded the machine is."""
+
+    def __init__(self) -> None:
+        self.s = 0.0
+
+    def perf_counter(self) -> float:
+        return self.s
+
+    def sleep(self, seconds: float) -> None:
+        self.s += seconds
+
+
+@pytest.fixture
+def host_clock(monkeypatch) -> HostClock:
+    import gpu_busy.idle.step_timer as step_timer
+
+    clock = HostClock()
+    monkeypatch.setattr(step_timer, "time", clock)
+    return clock
+
+
+def test_host_clock_timer_measures_data_wait_idle_and_step_time(host_clock):
     def loader():
         for i in range(5):
-            time.sleep(0.02)  # the DataLoader is slow
+            host_clock.sleep(0.020)  # the DataLoader is slow
             yield i
 
     timer = StepTimer("cpu")
     done = []
     for _ in TimedReads(loader(), timer):
         timer.start_step()
-        time.sleep(0.01)
+        host_clock.sleep(0.010)
         timer.end_step()
         done += timer.poll()  # host clocks: complete at once
+        host_clock.sleep(0.001)  # the loop's own work between steps
     assert [t.step for t in done] == [0, 1, 2, 3, 4]
     first, rest = done[0], done[1:]
-    assert first.idle_ms is None and first.device_ms >= 9.5  # no step boundary before it
+    assert first.idle_ms is None and first.device_ms == pytest.approx(10)  # nothing before it
     for t in rest:
-        assert t.loader_wait_ms >= 19.5 and t.device_ms >= 9.5
-        assert t.idle_ms >= t.loader_wait_ms  # idle covers the read, plus loop overhead
-        assert t.causes["data_wait"] == pytest.approx(t.loader_wait_ms, abs=0.2)
+        assert t.loader_wait_ms == pytest.approx(20) and t.device_ms == pytest.approx(10)
+        assert t.idle_ms == pytest.approx(21)  # the read, and the loop's own work
+        assert t.causes["data_wait"] == pytest.approx(20)
+        assert t.causes["other"] == pytest.approx(1)
         assert t.causes["sync_stall"] is None and t.causes["launch_bound"] is None
     stats = IdleStats()
     for t in done:
@@ -221,15 +245,15 @@ def test_host_clock_timer_measures_data_wait_idle_and_step_time():
     means = stats.means(cuda=False)
     assert stats.steps == 5 and stats.timed_steps == 4
     assert means["idle_sync_stall_ms"] is None and means["cuda_syncs_per_batch"] is None
-    assert 50 < means["idle_pct"] < 80  # 20 ms of data per 10 ms of compute
+    assert means["idle_pct"] == pytest.approx(100 * 21 / 31)
 
 
-def test_the_last_steps_wait_is_the_read_that_ends_the_data():
+def test_the_last_steps_wait_is_the_read_that_ends_the_data(host_clock):
     # Lightning fetches one batch ahead: the gap before the last step holds only the read
     # that raises StopIteration (a DataLoader shutting its workers down). It is data time.
     def loader():
         yield from range(3)
-        time.sleep(0.02)
+        host_clock.sleep(0.020)
 
     timer = StepTimer("cpu")
     batches = iter(TimedReads(loader(), timer))
@@ -237,12 +261,13 @@ def test_the_last_steps_wait_is_the_read_that_ends_the_data():
     while current is not None:
         upcoming = next(batches, None)  # the one-ahead fetch, in the gap before the step
         timer.start_step()
+        host_clock.sleep(0.005)
         timer.end_step()
         done += timer.poll()
         current = upcoming
     last = done[-1]
-    assert last.loader_wait_ms >= 19.5
-    assert last.causes["data_wait"] == pytest.approx(last.idle_ms, abs=0.5)
+    assert last.loader_wait_ms == pytest.approx(20)
+    assert last.causes["data_wait"] == pytest.approx(last.idle_ms) == pytest.approx(20)
 
 
 def test_a_broken_gap_gives_no_idle_figure():
@@ -617,21 +642,25 @@ def test_profiler_windows_on_request_or_trigger_file_and_without_a_folder(tmp_pa
 class _SlowEndOfBatch(pl.Callback):
     """Listed before the monitor: 20 ms of between-step work (a save, a logging read)."""
 
+    def __init__(self, clock: HostClock) -> None:
+        self.clock = clock
+
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        time.sleep(0.02)
+        self.clock.sleep(0.02)
 
 
-def test_the_timer_brackets_the_step_itself_wherever_the_monitor_is_listed(tmp_path):
+def test_the_timer_brackets_the_step_itself_wherever_the_monitor_is_listed(tmp_path, host_clock):
     monitor = IdleTimeMonitor(warmup_steps=1, picture=False, log_stats=False)
     trainer = pl.Trainer(
         accelerator="cpu", max_epochs=1, limit_train_batches=8, limit_val_batches=0,
         logger=False, enable_progress_bar=False, enable_model_summary=False,
-        enable_checkpointing=False, callbacks=[_SlowEndOfBatch(), monitor],
+        enable_checkpointing=False, callbacks=[_SlowEndOfBatch(host_clock), monitor],
     )  # fmt: skip
     trainer.fit(BoringModel())
     mean = monitor.report["mean"]
-    # The other callback's 20 ms is not the step's: it is idle between steps.
-    assert mean["device_ms"] < 15 and mean["idle_other_ms"] >= 19.5, mean
+    # The other callback's 20 ms is not the step's: it is idle between steps. (The scripted
+    # clock moves only in that callback, so the step itself takes no time.)
+    assert mean["device_ms"] == 0 and mean["idle_other_ms"] == pytest.approx(20), mean
     assert len(trainer.callbacks) == 2  # the step marks are gone after the fit
 
 

@@ -17,7 +17,7 @@ import torch
 from gpu_busy.idle import IdleStats
 from gpu_busy.prefetch import PrefetchStats
 from template.data.augment import DeviceAugment
-from tests.conftest import DEBUG, DEFAULT, ROOT, cli_main
+from tests.conftest import DEBUG, DEFAULT, HANG_S, ROOT, cli_main
 
 main = cli_main()  # skips this module where the entry point cannot be imported
 
@@ -188,7 +188,7 @@ def test_the_gpu_suite_collects_without_the_cli_dependency(tmp_path):
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "gpu",
          "-p", "no:cacheprovider", "-o", "addopts="],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=HANG_S,
     )  # fmt: skip
     out = result.stdout + result.stderr
     assert result.returncode == 0, out[-3000:]
@@ -218,7 +218,7 @@ def test_the_gpu_suite_fails_when_a_required_check_skips(tmp_path):
     bench = tmp_path / "bench.txt"
     bench.write_text("claim overlap  ok\nclaim start-up  not run (the entry point needs ...)\n")
     script = [sys.executable, str(ROOT / "scripts" / "required_checks.py"), str(junit), str(bench)]
-    result = subprocess.run(script, capture_output=True, text=True, timeout=60)
+    result = subprocess.run(script, capture_output=True, text=True, timeout=HANG_S)
     lines = result.stdout.strip().splitlines()
     assert result.returncode == 1
     assert lines[-1] == "required GPU checks: 1 run, 2 skipped", result.stdout
@@ -227,7 +227,7 @@ def test_the_gpu_suite_fails_when_a_required_check_skips(tmp_path):
         '<testsuites><testsuite><testcase classname="t" name="a"/></testsuite></testsuites>'
     )
     bench.write_text("claim overlap  ok\n")
-    result = subprocess.run(script, capture_output=True, text=True, timeout=60)
+    result = subprocess.run(script, capture_output=True, text=True, timeout=HANG_S)
     assert (
         result.returncode == 0 and result.stdout.strip() == "required GPU checks: 1 run, 0 skipped"
     )

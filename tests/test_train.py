@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import CONFIGS, DEBUG, DEFAULT, ROOT, cli_main, run_entry_point
+from tests.conftest import CONFIGS, DEBUG, DEFAULT, HANG_S, ROOT, cli_main, run_entry_point
 
 main = cli_main()  # skips this module where the entry point cannot be imported
 
@@ -161,7 +161,7 @@ def test_make_train_gpus_2_without_gpus_fails_before_spawning(tmp_path):
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=HANG_S,
     )
     assert result.returncode != 0
     found = torch.cuda.device_count()

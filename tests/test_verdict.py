@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 
 import lightning.pytorch as pl
 import pytest
@@ -87,13 +88,13 @@ def test_one_slow_rank_is_named_from_the_loader_or_the_backward_wait():
 # -- runs made to be bound, on the CPU -------------------------------------------------------
 
 
-def fit_and_read(tmp_path, model, data, caplog) -> tuple[dict, list[str]]:
+def fit_and_read(tmp_path, model, data, caplog, extra=()) -> tuple[dict, list[str]]:
     pl.seed_everything(0)
     trainer = pl.Trainer(
         accelerator="cpu", max_epochs=2, logger=CSVLogger(tmp_path), enable_progress_bar=False,
         enable_model_summary=False, enable_checkpointing=False, num_sanity_val_steps=0,
         limit_val_batches=0,
-        callbacks=[SyncPointDetector(), IdleTimeMonitor(warmup_steps=3), RunSummary()],
+        callbacks=[SyncPointDetector(), IdleTimeMonitor(warmup_steps=3), RunSummary(), *extra],
     )  # fmt: skip
     with caplog.at_level(logging.INFO, logger="gpu_busy"):
         trainer.fit(model, data)
@@ -118,9 +119,17 @@ def test_an_item_per_step_on_a_cpu_is_not_blamed_but_is_reported(tmp_path, caplo
     assert run["verdict"]["cause"] != "syncs" and "syncs per steady batch found" in verdict
 
 
-def test_a_tiny_model_is_bound_by_the_hosts_work_between_steps(tmp_path, caplog):
-    data = BlobData(batch_size=8)  # many cheap steps: the loop's fixed cost shows
-    run, lines = fit_and_read(tmp_path, BlobClassifier(num_classes=5), data, caplog)
+class SlowHooks(pl.Callback):
+    """A callback that works 30 ms on the host after every step (per-step logging, say).
+    A sleep: the cause holds however loaded the machine is (compute only grows there)."""
+
+    def on_train_batch_end(self, *args) -> None:
+        time.sleep(0.03)
+
+
+def test_host_work_between_steps_is_called_the_hosts(tmp_path, caplog):
+    run, lines = fit_and_read(tmp_path, BlobClassifier(num_classes=5), BlobData(batch_size=8),
+                              caplog, extra=[SlowHooks()])  # fmt: skip
     assert run["verdict"]["cause"] == "host", [x for x in lines if x.startswith("verdict")]
 
 

@@ -6,8 +6,9 @@
 # make test                      the CPU test suite (GPU tests too where CUDA is present)
 # make test-quick                the same without the subprocess/DDP/learning tests (~1 min)
 # make bench [QUICK=1]           the benchmark suite; results in runs/bench/bench.json
-# make compare A=runs/default/version_0 B=runs/default/version_1 [THRESHOLD=0.05]
-#                                two runs side by side; exit 1 when B is worse than A
+# make compare A=runs/default/version_0 B=runs/default/version_1 [THRESHOLD=0.05] [SYNC_THRESHOLD=0]
+#                                two runs side by side; exit 1 when B fails a gate: throughput
+#                                (drop above THRESHOLD), syncs (rise above SYNC_THRESHOLD, if set)
 # make lock                      re-resolve requirements.lock (the versions the tests pass on)
 # make wheelhouse WHEELHOUSE=dir [PLATFORM="tag ..." PYTHON_VERSION=3.12] [SKIP=regex]
 #                                every wheel an offline machine needs, into dir
@@ -35,6 +36,8 @@ QUICK ?=
 A ?=
 B ?=
 THRESHOLD ?= 0.05
+# the syncs gate: the largest rise allowed in syncs per steady batch; empty: the gate is off
+SYNC_THRESHOLD ?=
 BENCH_OUT ?= runs/bench
 
 # The exact versions the tests passed on, as pip constraints; LOCK= installs against what
@@ -116,7 +119,8 @@ bench: install
 
 compare: install
 	@test -n "$(A)" -a -n "$(B)" || { echo "error: say which runs: make compare A=runs/default/version_0 B=runs/default/version_1" >&2; exit 2; }
-	$(PY) -m gpu_busy.compare $(A) $(B) --threshold $(THRESHOLD)
+	$(PY) -m gpu_busy.compare $(A) $(B) --threshold $(THRESHOLD) \
+	  $(if $(SYNC_THRESHOLD),--sync-threshold $(SYNC_THRESHOLD))
 
 lint: install
 	$(PY) -m ruff check .

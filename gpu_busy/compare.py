@@ -2,15 +2,17 @@
 
 Reads the files the callbacks write in each run directory (``run.json``, ``idle.json``,
 ``syncs.json``; any may be missing: its rows read n/a), prints one table and both verdicts,
-draws ``compare.png`` and exits 1 when B is worse than A beyond a threshold, so that CI can
-gate on it: throughput lower by more than ``--threshold`` (a fraction), or more syncs per
-steady batch than A by more than ``--sync-threshold``.
+draws ``compare.png`` and exits 1 when B fails a gate, so that CI can gate on it. Two gates,
+each named in the output: throughput (on; B's samples/s below A's by more than
+``--threshold``, a fraction) and syncs (off unless ``--sync-threshold`` is given; B's syncs
+per steady batch above A's by more than that).
 
 Example::
 
     python -m gpu_busy.compare runs/default/version_0 runs/default/version_1
     python -m gpu_busy.compare A B --threshold 0.03 --picture before_after.png
-    make compare A=runs/default/version_0 B=runs/default/version_1
+    python -m gpu_busy.compare A B --sync-threshold 0      # and no new syncs
+    make compare A=runs/default/version_0 B=runs/default/version_1 [SYNC_THRESHOLD=0]
 """
 
 from __future__ import annotations
@@ -77,8 +79,11 @@ class RunFiles:
         return out
 
 
-def compare(a: RunFiles, b: RunFiles, threshold: float, sync_threshold: float) -> list[str]:
-    """The table and verdict lines; the last line says whether B is worse (``worse:``)."""
+def compare(
+    a: RunFiles, b: RunFiles, threshold: float, sync_threshold: float | None = None
+) -> list[str]:
+    """The table, the verdicts and the gates; the last line says whether B is worse
+    (``worse:``)."""
     lines = [f"A: {a.folder}", f"B: {b.folder}", f"{'':<38}{'A':>12}{'B':>12}{'change':>12}"]
     for label, name, path, unit in ROWS:
         va, vb = a.figure(name, path), b.figure(name, path)
@@ -91,24 +96,48 @@ def compare(a: RunFiles, b: RunFiles, threshold: float, sync_threshold: float) -
             lines.append(f"{tag} {decide(run.files['idle'], run.files.get('syncs')).line}")
         sites = run.top_sites()
         lines.append(f"{tag} top sync sites: " + ("; ".join(sites) if sites else "none"))
-    problems = []
+    return lines + gates(a, b, threshold, sync_threshold)
+
+
+def gates(a: RunFiles, b: RunFiles, threshold: float, sync_threshold: float | None) -> list[str]:
+    """One line per gate, then the outcome (``worse:`` when a gate that is on failed).
+
+    Throughput is the gate: the figure a change is for. Syncs per steady batch is a gate of
+    its own, on only with ``sync_threshold``: a faster B with more syncs is not worse, but
+    it is said."""
     label, ta = a.throughput()
     _, tb = b.throughput()
-    if ta and tb is not None and (ta - tb) / ta > threshold:
-        problems.append(f"{label} {100 * (tb - ta) / ta:+.1f}% (threshold -{100 * threshold:g}%)")
     sa = a.figure("syncs", ("summary", "steady_syncs_per_batch"))
     sb = b.figure("syncs", ("summary", "steady_syncs_per_batch"))
-    if sa is not None and sb is not None and sb - sa > sync_threshold:
-        problems.append(
-            f"syncs per steady batch {sa:.2f} -> {sb:.2f} (threshold +{sync_threshold:g})"
-        )
-    if problems:
-        lines.append("worse: B is worse than A: " + "; ".join(problems))
+    failed, lines = [], []
+    if ta and tb is not None:
+        change = (tb - ta) / ta
+        fails = -change > threshold
+        verdict = "FAILED" if fails else "passed"
+        lines.append(f"throughput gate {verdict}: {label} {100 * change:+.1f}% "
+                     f"(allowed -{100 * threshold:g}%)")  # fmt: skip
+        if fails:
+            failed.append("throughput")
     else:
-        lines.append(
-            f"ok: B is not worse than A beyond the thresholds ({label} -{100 * threshold:g}%, "
-            f"syncs per steady batch +{sync_threshold:g})"
-        )
+        lines.append(f"throughput gate n/a: {label} not in both runs' run.json")
+    if sa is None or sb is None:
+        syncs = "syncs per steady batch n/a (a syncs.json is missing)"
+    else:
+        syncs = f"syncs per steady batch {sa:.2f} -> {sb:.2f}"
+    if sync_threshold is None:
+        lines.append(f"syncs gate off: {syncs} (--sync-threshold N turns it on)")
+    elif sa is None or sb is None:
+        lines.append(f"syncs gate n/a: {syncs}")
+    else:
+        fails = sb - sa > sync_threshold
+        lines.append(f"syncs gate {'FAILED' if fails else 'passed'}: {syncs} "
+                     f"(allowed +{sync_threshold:g})")  # fmt: skip
+        if fails:
+            failed.append("syncs")
+    if failed:
+        lines.append(f"worse: B failed the {' and '.join(failed)} gate{'s' * (len(failed) > 1)}")
+    else:
+        lines.append("ok: B failed no gate")
     return lines
 
 
@@ -177,8 +206,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--sync-threshold",
         type=float,
-        default=0.5,
-        help="largest rise allowed in syncs per steady batch",
+        default=None,
+        help="turn the syncs gate on: the largest rise allowed in syncs per steady batch",
     )
     parser.add_argument(
         "--picture",
@@ -186,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
         help="where to draw the picture (default: compare.png in B; '' for none)",
     )
     args = parser.parse_args(argv)  # fmt: skip
-    if not 0 <= args.threshold < 1 or args.sync_threshold < 0:
+    if not 0 <= args.threshold < 1 or (args.sync_threshold or 0) < 0:
         print("error: --threshold must be in [0, 1) and --sync-threshold >= 0", file=sys.stderr)
         return 2
     a, b = RunFiles(args.a), RunFiles(args.b)
@@ -194,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     picture = args.picture if args.picture is not None else b.folder / "compare.png"
     drawn = save_picture(a, b, picture) if picture else None
     if drawn is not None:
-        lines.insert(-1, f"picture: {drawn}")
+        lines.insert(-3, f"picture: {drawn}")
     print("\n".join(lines))
     return 1 if lines[-1].startswith("worse:") else 0
 

@@ -33,19 +33,43 @@ def test_two_real_runs_before_and_after_a_sync_fix(tmp_path, capsys):
     before = fit(tmp_path / "a", BlobClassifier(num_classes=5))
     after = fit(tmp_path / "b", SyncFreeBlobClassifier(num_classes=5))
     # Throughput on a shared CPU is noise here: gate on the syncs alone.
-    assert main([before, after, "--threshold", "0.99"]) == 0
+    assert main([before, after, "--threshold", "0.99", "--sync-threshold", "0"]) == 0
     out = capsys.readouterr().out
     (row,) = [x for x in out.splitlines() if x.startswith("syncs per steady batch")]
     a_syncs, b_syncs = row.split()[4:6]
     assert float(a_syncs) >= 2 and b_syncs == "0.00", row
     assert "A top sync sites: " in out and "bincount" in out and "B top sync sites: none" in out
     assert "A verdict: bound by" in out and list((tmp_path / "b").rglob("compare.png"))
-    # The other way round, B brings the syncs back: exit 1, saying why.
-    assert main([after, before, "--threshold", "0.99", "--picture", ""]) == 1
-    last = capsys.readouterr().out.strip().splitlines()[-1]
-    assert last == (
-        f"worse: B is worse than A: syncs per steady batch 0.00 -> {a_syncs} (threshold +0.5)"
+    # The other way round, B brings the syncs back: exit 1 with the syncs gate on, saying
+    # which gate; with it off (the default), said but not failed.
+    assert main([after, before, "--threshold", "0.99", "--picture", "", "--sync-threshold",
+                 "0.5"]) == 1  # fmt: skip
+    *_, gate, last = capsys.readouterr().out.strip().splitlines()
+    assert gate == f"syncs gate FAILED: syncs per steady batch 0.00 -> {a_syncs} (allowed +0.5)"
+    assert last == "worse: B failed the syncs gate"
+    assert main([after, before, "--threshold", "0.99", "--picture", ""]) == 0
+    *_, gate, last = capsys.readouterr().out.strip().splitlines()
+    assert gate.startswith("syncs gate off: syncs per steady batch 0.00 -> ")
+    assert last == "ok: B failed no gate"
+
+
+def write_syncs(folder, per_batch: float) -> None:
+    (folder / "syncs.json").write_text(
+        json.dumps({"summary": {"steady_syncs_per_batch": per_batch}})
     )
+
+
+def test_a_faster_run_with_more_syncs_passes_unless_the_syncs_gate_is_on(tmp_path, capsys):
+    """Throughput first: 68.6 -> 182 samples/s is better, whatever else moved."""
+    a, b = write_run(tmp_path / "a", 68.6), write_run(tmp_path / "b", 182.0)
+    write_syncs(tmp_path / "a", 0.0)
+    write_syncs(tmp_path / "b", 2.67)
+    assert main([a, b, "--picture", ""]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "throughput gate passed: samples/s +165.3% (allowed -5%)" in out
+    assert out[-1] == "ok: B failed no gate"
+    assert main([a, b, "--picture", "", "--sync-threshold", "1"]) == 1
+    assert capsys.readouterr().out.splitlines()[-1] == "worse: B failed the syncs gate"
 
 
 def write_run(folder, samples_per_s: float) -> str:
@@ -59,7 +83,10 @@ def test_a_throughput_drop_beyond_the_threshold_fails(tmp_path, capsys, b_rate, 
     a, b = write_run(tmp_path / "a", 100.0), write_run(tmp_path / "b", b_rate)
     assert main([a, b]) == status
     out = capsys.readouterr().out
-    assert ("samples/s -6.0% (threshold -5%)" in out) == bool(status)
+    assert ("throughput gate FAILED: samples/s -6.0% (allowed -5%)" in out) == bool(status)
+    assert out.strip().splitlines()[-1] == (
+        "worse: B failed the throughput gate" if status else "ok: B failed no gate"
+    )
     assert "n/a" in out  # no idle or sync report: their rows say so, no picture
 
 

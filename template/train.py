@@ -17,6 +17,7 @@ example's), so training your own is a config edit or ``--model.class_path=my.Mod
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import shutil
@@ -262,6 +263,38 @@ def replaced_hyperparameters(model: Namespace, checkpoint: dict) -> list[str]:
     ]
 
 
+def evaluation_dir(checkpoint: Path, subcommand: str) -> Path:
+    """Where validate/test/predict of ``checkpoint`` write: inside the run it came from
+    (``<run>/validate-last``), so that evaluating adds no version folder beside the runs."""
+    if checkpoint.parent.name == "checkpoints":
+        return checkpoint.parent.parent / f"{subcommand}-{checkpoint.stem}"
+    return checkpoint.parent / f"{checkpoint.stem}-{subcommand}"
+
+
+def write_into(logger: object, folder: Path) -> None:
+    """Point a parsed logger config (a Lightning logger's save_dir, name, version) at
+    ``folder``; a logger without those keys is left as configured."""
+    for one in logger if isinstance(logger, list) else [logger]:
+        init = one.get("init_args") if isinstance(one, Namespace) else None
+        if init is not None and "save_dir" in init and "version" in init:
+            init.save_dir, init.version = str(folder.parent), folder.name
+            if "name" in init:
+                init.name = ""
+
+
+def save_predictions(batches: list, path: Path) -> str:
+    """``trainer.predict``'s per-batch outputs in one file (tensors joined along the first
+    dimension, anything else as the list); returns what it holds, in words."""
+    if batches and all(isinstance(b, torch.Tensor) and b.dim() > 0 for b in batches):
+        held: object = torch.cat([b.detach().cpu() for b in batches])
+        what = f"{len(held)} predictions"
+    else:
+        held, what = batches, f"{len(batches)} batches of predictions"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(held, path)
+    return what
+
+
 class TemplateCLI(LightningCLI):
     def add_arguments_to_parser(self, parser) -> None:
         # The DataModule knows its classes (for an image folder, after scanning it). Applied
@@ -314,7 +347,9 @@ class TemplateCLI(LightningCLI):
         global _resuming
         _resuming = path
         if not training:
-            log.info("evaluating checkpoint %s", path)
+            log.info(
+                "evaluating checkpoint %s; output in %s", path, evaluation_dir(path, subcommand)
+            )
         elif config.trainer.get("logger") is False:
             log.info("resuming from %s", path)
         elif _fixed_version(config.trainer.get("logger")) is not None:
@@ -354,6 +389,13 @@ class TemplateCLI(LightningCLI):
             )
         if trainer.precision is None:
             trainer.precision = resolve_precision(accelerator)
+        if self.subcommand != "fit" and getattr(self, "checkpoint", None) is not None:
+            out = evaluation_dir(self.checkpoint[0], self.subcommand)
+            write_into(trainer.get("logger"), out)
+            trainer.default_root_dir = str(out)
+            # Restoring a fit's checkpoint into an evaluation: the callbacks' save folders
+            # differ by design, and nothing is saved.
+            warnings.filterwarnings("ignore", message=r"The dirpath has changed from")
         if not trainer.get("default_root_dir"):
             # Where Lightning's SLURM requeue (SIGUSR1) saves hpc_ckpt_N.ckpt and looks for
             # it again: the run's own folder, where --ckpt_path last finds it, not the
@@ -449,6 +491,22 @@ class TemplateCLI(LightningCLI):
             checkpoint_file.keep_earlier_metrics(logger, up_to_step=step)
 
     before_validate = before_test = before_predict = _check_checkpoint_fits_model
+
+    def after_predict(self) -> None:
+        predictions = self.trainer.predict_loop.predictions
+        if not predictions:
+            return
+        folder = (
+            evaluation_dir(self.checkpoint[0], "predict")
+            if self.checkpoint is not None
+            else Path(self.trainer.default_root_dir)
+        )
+        world = self.trainer.world_size
+        # Under DDP each rank predicts every world_size-th sample (Lightning's
+        # DistributedSampler, unshuffled): rank r's file holds samples r, r + world, ...
+        name = "predictions.pt" if world == 1 else f"predictions.rank{self.trainer.global_rank}.pt"
+        what = save_predictions(predictions, folder / name)
+        log.info("predict: %s written to %s (torch.load it)", what, folder / name)
 
 
 def carried_settings(group: str, final: object, args: list[str]) -> dict[str, tuple]:
@@ -627,17 +685,35 @@ def _cause(error: BaseException | None, kind: type | tuple[type, ...]) -> BaseEx
     return error
 
 
+# Printed on every run by the libraries, with nothing for a user to change: torch's
+# all_gather notice under DDP (torch 2.10+), the deprecation torch raises inside Lightning's
+# own _pytree.py (Lightning's to fix), and Lightning's advertisement for its cloud logger.
+QUIET_WARNINGS = (
+    r"torch\.distributed\.nn\.functional\.all_gather",
+    r"`isinstance\(treespec, LeafSpec\)` is deprecated",
+)
+QUIET_LOG_LINES = ("💡 Tip: For seamless cloud logging",)
+
+
+def _quiet(record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith(QUIET_LOG_LINES)
+
+
 def main(args: list[str] | None = None) -> int:
     setup_logging()
-    # Said once per rank by Lightning's all_gather (torch 2.10+); nothing a user can change.
-    warnings.filterwarnings("ignore", message=r"torch\.distributed\.nn\.functional\.all_gather")
     # TF32 matmuls on Ampere and newer GPUs, for this run only: a caller in the same process
-    # (a test, a notebook) gets its own setting back.
+    # (a test, a notebook) gets its own setting back, and its warning filters.
     precision = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision("high")
+    lightning_info = logging.getLogger("lightning.pytorch.utilities.rank_zero")
+    lightning_info.addFilter(_quiet)
     try:
-        return _run(args)
+        with warnings.catch_warnings():
+            for message in QUIET_WARNINGS:
+                warnings.filterwarnings("ignore", message=message)
+            return _run(args)
     finally:
+        lightning_info.removeFilter(_quiet)
         torch.set_float32_matmul_precision(precision)
 
 

@@ -196,3 +196,39 @@ def test_a_swapped_in_model_is_told_which_of_the_examples_settings_it_takes(in_t
     # The example itself keeps its settings silently.
     assert main(["fit", "--config", DEFAULT, "--config", DEBUG]) == 0
     assert "from the config files, where they were set" not in capsys.readouterr().err
+
+
+def readme_block(after: str) -> list[str]:
+    """The lines of README's first ``bash`` block after the text ``after``."""
+    text = (ROOT / "README.md").read_text()
+    start = text.index("```bash\n", text.index(after)) + len("```bash\n")
+    return text[start : text.index("```", start)].strip().splitlines()
+
+
+def test_readmes_checkpoint_commands_write_inside_the_run(in_tmp, capsys):
+    """validate, test and predict, as README shows them: no new version folder, the
+    outputs inside the run, the predictions saved and said where."""
+    assert main(["fit", "--config", DEFAULT, "--config", DEBUG]) == 0
+    run = Path("runs/debug/version_0")
+    lines = readme_block("**Using a checkpoint.**")
+    assert lines[0] == "RUN=runs/default/version_0"
+    capsys.readouterr()
+    for line in lines[1:]:
+        words = line.replace("$RUN", str(run)).split()
+        assert words[:3] == [".venv/bin/python", "-m", "template.train"], line
+        assert main(words[3:]) == 0, line
+    assert sorted(p.name for p in Path("runs/debug").iterdir()) == ["version_0"]
+    for name in ("validate-last", "test-last"):
+        assert (run / name / "metrics.csv").is_file()
+    predictions = torch.load(run / "predict-last" / "predictions.pt", weights_only=True)
+    assert predictions.shape == (128,) and predictions.dtype == torch.int64  # debug.yaml: 128
+    err = capsys.readouterr().err
+    assert f"predict: 128 predictions written to {run}/predict-last/predictions.pt" in err
+    assert "hyperparameters replace" not in err  # the run's config: its own width
+    # What the libraries print on every run, seen as a user sees it (a real process).
+    result = run_entry_point(words[3:], cwd=in_tmp)
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = result.stdout + result.stderr
+    assert "predict: 128 predictions written to" in out
+    for noise in ("litlogger", "LeafSpec", "dirpath has changed"):
+        assert noise not in out, noise

@@ -32,6 +32,19 @@ THRESHOLDS = {
 }
 
 
+def untimed(idle: dict[str, Any] | None) -> str:
+    """Why an idle report holds no timed batch, and how many batches would give one."""
+    if not idle:
+        return "no idle report: add IdleTimeMonitor to the callbacks"
+    warmup = int(idle.get("warmup_steps") or 0)
+    return (
+        f"no training batch was timed: the first {warmup} are warm-up (IdleTimeMonitor's "
+        "warmup_steps) and a batch is timed only when the one before it ran in the same "
+        f"epoch, with no validation between; {max(warmup + 1, 2)} batches in one epoch are "
+        "enough"
+    )
+
+
 @dataclass(frozen=True)
 class Verdict:
     cause: str  # a THRESHOLDS key, "device", or "unknown"
@@ -44,7 +57,7 @@ def decide(idle: dict[str, Any] | None, syncs: dict[str, Any] | None = None) -> 
     mean = (idle or {}).get("mean") or {}
     parts = [mean.get(k) for k in ("idle_ms", "transfer_ms", "device_ms")]
     if any(p is None for p in parts) or sum(parts) <= 0:
-        return Verdict("unknown", None, "verdict: n/a (no timed training batches)")
+        return Verdict("unknown", None, f"verdict: n/a ({untimed(idle)})")
     step = sum(parts)
     cuda = idle.get("clock") == "cuda events"
     device = "the GPU itself" if cuda else "the CPU itself (no GPU here: host clocks stand in)"

@@ -222,3 +222,20 @@ def test_rng_state_round_trips_every_generator():
     assert saved.dtype == torch.int64 and saved.dim() == 1
     with pytest.raises(ValueError, match="capture_rng_state"):
         restore_rng_state(saved[:100])
+
+
+def test_the_images_a_partial_batch_leaves_out_are_said_once(caplog):
+    """180 images in batches of 128: 52 are left out of every epoch (full batches only)."""
+    small = ImageDataModule(synthetic_train_size=180, synthetic_val_size=16, batch_size=128)
+    with caplog.at_level("INFO"):
+        small.setup("fit")
+        small.setup("validate")  # set up once: said once
+    (record,) = [r for r in caplog.records if "leaves out" in r.getMessage()]
+    assert record.levelname == "WARNING"
+    assert "1 batch(es) of 128 per rank and leaves out 52 of its 180 images (29%" in (
+        record.getMessage()
+    )
+    caplog.clear()
+    with caplog.at_level("INFO"):
+        ImageDataModule(synthetic_train_size=256, batch_size=128).setup("fit")
+    assert "leaves out" not in caplog.text

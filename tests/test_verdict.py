@@ -135,3 +135,21 @@ def test_host_work_between_steps_is_called_the_hosts(tmp_path, caplog):
 
 # One slow rank under 2-process CPU DDP, through the real entry point: with the other
 # foreign-module DDP checks, tests/test_foreign_code.py (one process pair, not two).
+
+
+def test_a_fit_too_short_to_time_says_how_many_batches_it_needs(tmp_path, caplog):
+    """Three batches an epoch, all warm-up: the table and the verdict say n/a once, and why."""
+    pl.seed_everything(0)
+    trainer = pl.Trainer(
+        accelerator="cpu", max_epochs=1, limit_train_batches=3, logger=CSVLogger(tmp_path),
+        enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
+        limit_val_batches=0, callbacks=[IdleTimeMonitor(warmup_steps=5), RunSummary()],
+    )  # fmt: skip
+    with caplog.at_level(logging.INFO, logger="gpu_busy"):
+        trainer.fit(BlobClassifier(num_classes=5), BlobData())
+    lines = [r.getMessage() for r in caplog.records]
+    (verdict,) = [x for x in lines if x.startswith("verdict:")]
+    assert verdict.startswith("verdict: n/a (no training batch was timed: the first 5 are")
+    assert verdict.endswith("6 batches in one epoch are enough)")
+    assert any(x.startswith("  n/a: no training batch was timed") for x in lines), lines
+    assert not any("idle between steps" in x for x in lines)  # no table of n/a rows

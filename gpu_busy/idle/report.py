@@ -22,7 +22,7 @@ from typing import Any
 
 from gpu_busy.idle.intervals import CAUSES
 from gpu_busy.idle.stats import IdleStats, StepSeries
-from gpu_busy.verdict import THRESHOLDS
+from gpu_busy.verdict import THRESHOLDS, untimed
 from gpu_busy.window_sums import mean_and_max
 
 _CAUSE_LABELS = {
@@ -70,6 +70,8 @@ def render_table(report: dict[str, Any]) -> list[str]:
         f"rank(s), timed by {report['clock']}",
         f"{head}   problem above",
     ]
+    if not report.get("timed_steps"):
+        return [lines[0], f"  n/a: {untimed(report)}"]
 
     def row(label: str, key: str, problem: float | None = None, share: bool = True) -> None:
         cells = [_cell(fig.get(key), fig.get("step_ms") if share else None) for fig in (mean, most)]

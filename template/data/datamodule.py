@@ -158,9 +158,9 @@ class ImageDataModule(pl.LightningDataModule):
                 len(self.train_set),
                 len(self.val_set),
             )
-        self._check_one_batch_per_rank()
+        self._check_batches()
 
-    def _check_one_batch_per_rank(self) -> None:
+    def _check_batches(self) -> None:
         """Training keeps full batches only (drop_last), so a training set smaller than one
         batch per rank would train 0 steps and end "successfully"."""
         world = self.trainer.world_size if self.trainer is not None else 1
@@ -171,6 +171,19 @@ class ImageDataModule(pl.LightningDataModule):
                 f"fewer than one batch of data.batch_size={self.batch_size}; lower "
                 "data.batch_size or add images"
             )
+        # Said once: the partial batch is left out of every epoch (a different one each
+        # epoch, the order being shuffled), which on a small dataset is a large share.
+        sampled = -(-len(self.train_set) // world)  # DistributedSampler pads to equal shares
+        left = sampled % self.batch_size
+        if left:
+            share = left / sampled
+            (log.warning if share >= 0.1 else log.info)(
+                "data: each epoch trains %d batch(es) of %d per rank and leaves out %d of its "
+                "%d images (%.0f%%; full batches only, for BatchNorm and torch.compile; a "
+                "different %d each epoch); a data.batch_size that divides %d uses them all",
+                sampled // self.batch_size, self.batch_size, left, sampled, 100 * share, left,
+                sampled,
+            )  # fmt: skip
 
     def _loader(self, dataset: Dataset, train: bool) -> DataLoader:
         trainer = self.trainer

@@ -17,13 +17,28 @@ example's), so training your own is a config edit or ``--model.class_path=my.Mod
 
 from __future__ import annotations
 
+import sys
+
+from template.config_files import check_config_files
+from template.errors import UserError
+
+if __name__ == "__main__":
+    # A broken config file is one line at once, before the import of torch and Lightning
+    # below (about 10 s on a 2-core machine).
+    try:
+        check_config_files(sys.argv[1:])
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+import importlib
+import inspect
 import logging
 import os
 import re
 import shutil
 import signal
 import socket
-import sys
 import warnings
 from pathlib import Path
 
@@ -39,7 +54,7 @@ from gpu_busy.faults.log_writes import guard_log_writes
 from gpu_busy.faults.training_stopped import TrainingStopped
 from gpu_busy.log import current_rank, get_logger, setup_logging
 from gpu_busy.resume import checkpoint_file
-from template.errors import UserError
+from template.config_files import close_match, config_files, key_origin
 
 log = get_logger(__name__)
 
@@ -527,7 +542,7 @@ def carried_settings(group: str, final: object, args: list[str]) -> dict[str, tu
     values = final.get("init_args") or Namespace()
     carried: dict[str, tuple] = {}
     current = None
-    for file in _config_files(args):
+    for file in config_files(args):
         try:
             section = (yaml.safe_load(file.read_text()) or {}).get(group)
         except (OSError, yaml.YAMLError, AttributeError):
@@ -546,84 +561,75 @@ def carried_settings(group: str, final: object, args: list[str]) -> dict[str, tu
     return carried
 
 
-def _config_files(args: list[str]) -> list[Path]:
-    """The ``--config`` files on a command line, in order."""
-    files = []
-    for i, arg in enumerate(args):
-        if arg in ("--config", "-c") and i + 1 < len(args):
-            files.append(Path(args[i + 1]).expanduser())
-        elif arg.startswith("--config="):
-            files.append(Path(arg.split("=", 1)[1]).expanduser())
-    return [f for f in files if f.is_file()]
-
-
 def _fixed_version(logger: object) -> object:
     """The version a logger's config fixes (a scheduler's job name), or None."""
     return logger.get("init_args.version") if isinstance(logger, Namespace) else None
 
 
-# A config holds hundreds of values; YAML aliases can make a few lines expand to billions
-# (an "alias bomb"), which the parsers would build in memory.
-MAX_CONFIG_VALUES = 100_000
+# The groups LightningCLI adds to every subcommand, beside the subcommand's own arguments.
+CLI_GROUPS = ("config", "trainer", "model", "data", "seed_everything", "optimizer", "lr_scheduler")
 
 
-def _expanded_size(root: yaml.Node | None) -> int:
-    """How many values a composed YAML document holds once its aliases are expanded,
-    counted without expanding them (an alias is the same node object, counted once per
-    use); past ``MAX_CONFIG_VALUES`` the count stops."""
-    sizes: dict[int, int] = {}
+def unknown_key_line(message: str, args: list[str]) -> str | None:
+    """jsonargparse's "option not accepted" as one line: the key, where it was set (which
+    config file, or the command line) and the accepted name closest to it."""
+    found = re.search(r"does not accept option '([^']+)'", message)
+    if found:
+        key = found.group(1)
+    else:
+        found = re.search(r'Parser key "([^"]+)":.*?Option \'([^\']+)\' is not accepted', message,
+                          flags=re.DOTALL)  # fmt: skip
+        if not found:
+            return None
+        key = f"{found.group(1)}.init_args.{found.group(2)}"
+    parts = [part for part in key.split(".") if part != "init_args"]
+    origin = key_origin(key, args) or "the command line"
+    subcommand = next((a for a in args if not a.startswith("-")), "fit")
+    # The misspelt part is the first one its level does not accept ("modle" in modle.lr).
+    match = None
+    for depth, part in enumerate(parts):
+        accepted = _accepted_names(parts[:depth], subcommand, args)
+        if part not in accepted:
+            match = close_match(part, accepted)
+            if match:
+                match = ".".join([*parts[:depth], match, *parts[depth + 1 :]])
+            break
+    suggestion = f"; did you mean {match}?" if match else ""
+    return f"{origin}: {'.'.join(parts)} is not an option{suggestion}"
 
-    def size(node: yaml.Node, depth: int) -> int:
-        if id(node) in sizes:
-            return sizes[id(node)]
-        if depth > 100:  # nesting this deep (or an alias that contains itself)
-            return MAX_CONFIG_VALUES + 1
-        total = 1
-        if isinstance(node, yaml.MappingNode):
-            children = [n for pair in node.value for n in pair]
-        elif isinstance(node, yaml.SequenceNode):
-            children = node.value
-        else:
-            children = []
-        for child in children:
-            total += size(child, depth + 1)
-            if total > MAX_CONFIG_VALUES:
-                break
-        sizes[id(node)] = total
-        return total
 
-    return 0 if root is None else size(root, 0)
-
-
-def check_config_files(args: list[str]) -> None:
-    """Each ``--config`` file must parse as YAML; jsonargparse's own error does not say which
-    of several files it is in."""
-    for i, arg in enumerate(args):
-        if arg in ("--config", "-c") and i + 1 < len(args):
-            name = args[i + 1]
-        elif arg.startswith("--config="):
-            name = arg.split("=", 1)[1]
-        else:
-            continue
-        file = Path(name).expanduser()
-        if not file.is_file():
-            continue  # jsonargparse says "File does not exist"
+def _accepted_names(parent: list[str], subcommand: str, args: list[str]) -> set[str]:
+    """The names accepted under ``parent`` (best effort: for a suggestion only)."""
+    if not parent:
+        run = getattr(pl.Trainer, subcommand, None)
+        own = set(inspect.signature(run).parameters) if run else set()
+        skipped = LightningCLI.subcommands().get(subcommand, set())
+        return (own - {"self"} - skipped) | set(CLI_GROUPS)
+    if parent == ["trainer"]:
+        return set(inspect.signature(pl.Trainer.__init__).parameters) - {"self"}
+    if len(parent) == 1 and parent[0] in ("model", "data"):
         try:
-            text = file.read_text()
-            values = _expanded_size(yaml.compose(text, Loader=yaml.SafeLoader))
-            if values > MAX_CONFIG_VALUES:
-                raise UserError(
-                    f"{file} expands to more than {MAX_CONFIG_VALUES:,} values through YAML "
-                    "aliases (*name); write the config out, or alias less"
-                )
-            yaml.safe_load(text)
-        except yaml.YAMLError as e:
-            mark = getattr(e, "problem_mark", None)
-            where = f", line {mark.line + 1} column {mark.column + 1}" if mark else ""
-            problem = getattr(e, "problem", None) or " ".join(str(e).split())
-            raise UserError(f"{file}{where}: {problem}; fix the YAML there") from None
-        except (OSError, UnicodeDecodeError) as e:
-            raise UserError(f"cannot read config {file}: {e}") from None
+            cls = _class_named(parent[0], args)
+            return set(inspect.signature(cls.__init__).parameters) - {"self", "args", "kwargs"}
+        except Exception:  # a class that does not import: no suggestion, the line stands
+            return set()
+    return set()
+
+
+def _class_named(group: str, args: list[str]) -> type:
+    """The class ``group`` ends up with: the command line's class_path, else the last
+    config file's."""
+    path = None
+    for file in config_files(args):
+        section = (yaml.safe_load(file.read_text()) or {}).get(group)
+        if isinstance(section, dict) and section.get("class_path"):
+            path = section["class_path"]
+    for arg in args:
+        for prefix in (f"--{group}.class_path=", f"--{group}="):
+            if arg.startswith(prefix):
+                path = arg[len(prefix) :]
+    module, _, name = str(path).rpartition(".")
+    return getattr(importlib.import_module(module), name)
 
 
 def argument_error_line(message: str) -> str:
@@ -740,7 +746,9 @@ def _run(args: list[str] | None) -> int:
         print(f"error: {e.strerror}", file=sys.stderr)
         return 1
     except ArgumentError as e:
-        print(f"error: {argument_error_line(str(e))} ({USAGE_HINT})", file=sys.stderr)
+        raw = sys.argv[1:] if args is None else list(args)
+        line = unknown_key_line(str(e), raw) or argument_error_line(str(e))
+        print(f"error: {line} ({USAGE_HINT})", file=sys.stderr)
         return 2
     except (KeyError, RuntimeError, ValueError) as e:
         if _resuming is not None and _raised_in_restore(e):

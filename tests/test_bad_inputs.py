@@ -19,7 +19,7 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from tests.conftest import DEBUG, DEFAULT, ROOT, cli_main, run_entry_point
+from tests.conftest import DEBUG, DEFAULT, HANG_S, ROOT, cli_main, run_entry_point
 
 main = cli_main()
 
@@ -482,3 +482,41 @@ def test_a_yaml_alias_bomb_is_refused_before_it_is_expanded(in_tmp, capsys):
     (in_tmp / "bomb.yaml").write_text("\n".join(lines) + "\n")
     assert fit("--config", "bomb.yaml") == 2
     assert "expands to more than 100,000 values through YAML aliases" in one_error_line(capsys)
+
+
+@pytest.mark.parametrize(
+    ("yaml_text", "key", "meant"),
+    [
+        ("trainer:\n  max_epoch: 1\n", "trainer.max_epoch", "trainer.max_epochs"),
+        ("model:\n  init_args:\n    widht: 8\n", "model.widht", "model.width"),
+        ("data:\n  batch_sise: 8\n", "data.batch_sise", "data.batch_size"),
+        ("modle:\n  lr: 0.1\n", "modle.lr", "model.lr"),
+    ],
+)
+def test_a_misspelt_key_names_its_file_and_the_key_meant(in_tmp, capsys, yaml_text, key, meant):
+    (in_tmp / "mine.yaml").write_text(yaml_text)
+    assert fit("--config", "mine.yaml") == 2
+    said = f"error: mine.yaml: {key} is not an option; did you mean {meant}?"
+    assert one_error_line(capsys).startswith(said)
+
+
+def test_a_misspelt_key_on_the_command_line_says_so(in_tmp, capsys):
+    assert fit("--model.widht=8") == 2
+    line = one_error_line(capsys)
+    assert line.startswith("error: the command line: model.widht is not an option; did you mean")
+
+
+def test_a_broken_config_file_is_refused_before_torch_is_imported(tmp_path):
+    """The one-line error does not wait for the heavy imports (about 10 s here)."""
+    (tmp_path / "mine.yaml").write_text("model:\n  width: [16\n")
+    for config in ("mine.yaml", "nope.yaml"):
+        result = subprocess.run(
+            [sys.executable, "-X", "importtime", "-m", "template.train", "fit", "--config", config],
+            cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True,
+            text=True, timeout=HANG_S,
+        )  # fmt: skip
+        assert result.returncode == 2
+        errors = [x for x in result.stderr.splitlines() if x.startswith("error:")]
+        assert len(errors) == 1 and config in errors[0], result.stderr[-2000:]
+        imported = [x.split("|")[-1].strip() for x in result.stderr.splitlines() if "|" in x]
+        assert "yaml" in imported and "torch" not in imported and "lightning" not in imported

@@ -3,12 +3,17 @@
 Installing ``gpu_busy`` registers it with pytest (a ``pytest11`` entry point): the fixture
 is there in every test, with no ``pytest_plugins`` line.
 
+It sees what runs inside its block; what Lightning does around a step (the read of a
+``prog_bar=True`` metric after it) needs a fit under ``SyncPointDetector(strict=True)``
+(README, "Finding host-device syncs").
+
 Example::
 
-    def test_step_is_sync_free(no_syncs):
+    def test_forward_and_backward_are_sync_free(no_syncs):
+        model = ImageClassifier(width=8)
+        images, labels = torch.randn(8, 3, 32, 32), torch.randint(0, 10, (8,))
         with no_syncs(device_type="cpu"):
-            loss = model.training_step(batch, 0)
-            loss.backward()
+            F.cross_entropy(model(images), labels).backward()
 """
 
 from __future__ import annotations

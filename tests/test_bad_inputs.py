@@ -267,6 +267,7 @@ SAVE_AND_DIE = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_kill_9_during_a_save_across_filesystems_keeps_the_previous_checkpoint(
     tmp_path, other_filesystem
 ):

@@ -29,6 +29,7 @@ FOREIGN = [
 ]
 
 
+@pytest.mark.slow
 def test_the_measuring_package_serves_a_plain_lightning_script(tmp_path):
     """gpu_busy with every callback, in a script that is not the template, where the
     example package cannot even be imported."""
@@ -178,6 +179,7 @@ def test_make_train_puts_runs_where_runs_says():
     assert "--trainer.logger.init_args.save_dir=/scratch/me/runs" in result.stdout
 
 
+@pytest.mark.slow
 def test_the_gpu_suite_collects_without_the_cli_dependency(tmp_path):
     """A GPU machine may have torch and lightning but not jsonargparse: the tests that need
     the entry point skip, every other test is collected and runs."""

@@ -146,6 +146,7 @@ def test_cifar10_offline_without_a_copy_says_where_it_looked(in_tmp, capsys):
     assert str(in_tmp / "data" / "cifar-10-batches-py") in line and "download" in line
 
 
+@pytest.mark.slow
 def test_the_real_command_prints_no_traceback(tmp_path):
     (tmp_path / "bad.ckpt").write_bytes(b"\x00" * 64)
     result = run_entry_point(["fit", "--config", DEFAULT, "--ckpt_path=bad.ckpt"], cwd=tmp_path)
@@ -154,6 +155,7 @@ def test_the_real_command_prints_no_traceback(tmp_path):
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.device_count() >= 2, reason="this machine has 2 GPUs")
 def test_make_train_gpus_2_without_gpus_fails_before_spawning(tmp_path):
     result = subprocess.run(
@@ -205,6 +207,7 @@ def readme_block(after: str) -> list[str]:
     return text[start : text.index("```", start)].strip().splitlines()
 
 
+@pytest.mark.slow
 def test_readmes_checkpoint_commands_write_inside_the_run(in_tmp, capsys):
     """validate, test and predict, as README shows them: no new version folder, the
     outputs inside the run, the predictions saved and said where."""

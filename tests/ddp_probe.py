@@ -2,12 +2,14 @@
 
 Each rank writes ``shards/rank<N>.txt``: its run directory, then one line per image with
 the hex digest of the image's uint8 bytes (recovered from the normalised batch). Its
-per-step ``.cpu()`` is a host read of its own, which the sync detector reports.
+per-step ``.cpu()`` is a host read of its own, which the sync detector reports; the
+warning it raises on every rank is shown once.
 """
 
 from __future__ import annotations
 
 import hashlib
+import warnings
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -22,6 +24,10 @@ log = get_logger(__name__)
 class RecordShards(pl.Callback):
     def __init__(self) -> None:
         self.digests: list[str] = []
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        # What a library warns on every rank, which the run shows once.
+        warnings.warn("every rank warns this", UserWarning, stacklevel=1)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         augment = trainer.datamodule.device_augment

@@ -327,6 +327,12 @@ class TemplateCLI(LightningCLI):
             carried = carried_settings(group, config.get(group) if config else None, raw)
             if carried:
                 final = config[group].class_path
+                # A subclass of the class they were set for means by them what it does.
+                carried = {
+                    k: (v, owner) for k, (v, owner) in carried.items()
+                    if not _subclass_of(final, owner)
+                }  # fmt: skip
+            if carried:
                 log.warning(
                     "%s: %s takes %s from the config files, where they were set for %s; "
                     "pass --%s.<name>=<value> to choose its own",
@@ -616,6 +622,18 @@ def _accepted_names(parent: list[str], subcommand: str, args: list[str]) -> set[
     return set()
 
 
+def _import_class(path: str) -> type:
+    module, _, name = str(path).rpartition(".")
+    return getattr(importlib.import_module(module), name)
+
+
+def _subclass_of(path: str, base: str) -> bool:
+    try:
+        return issubclass(_import_class(path), _import_class(base))
+    except Exception:  # not importable here: jsonargparse says so, or it is not a class
+        return False
+
+
 def _class_named(group: str, args: list[str]) -> type:
     """The class ``group`` ends up with: the command line's class_path, else the last
     config file's."""
@@ -628,8 +646,7 @@ def _class_named(group: str, args: list[str]) -> type:
         for prefix in (f"--{group}.class_path=", f"--{group}="):
             if arg.startswith(prefix):
                 path = arg[len(prefix) :]
-    module, _, name = str(path).rpartition(".")
-    return getattr(importlib.import_module(module), name)
+    return _import_class(str(path))
 
 
 def argument_error_line(message: str) -> str:

@@ -195,8 +195,12 @@ def test_a_swapped_in_model_is_told_which_of_the_examples_settings_it_takes(in_t
     # Set on the command line, the value is the user's own: nothing to say.
     assert main(["fit", "--config", DEFAULT, "--config", DEBUG, *swap, "--model.lr=0.01"]) == 0
     assert "takes lr=" not in capsys.readouterr().err
-    # The example itself keeps its settings silently.
+    # The example itself keeps its settings silently, and so does a subclass of it: the
+    # settings mean to it what they mean to the example.
     assert main(["fit", "--config", DEFAULT, "--config", DEBUG]) == 0
+    assert "from the config files, where they were set" not in capsys.readouterr().err
+    subclass = "--model.class_path=tests.bound_runs.ProgBarImageClassifier"
+    assert main(["fit", "--config", DEFAULT, "--config", DEBUG, subclass]) == 0
     assert "from the config files, where they were set" not in capsys.readouterr().err
 
 

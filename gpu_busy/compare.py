@@ -23,23 +23,26 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gpu_busy.idle.intervals import CAUSES
+from gpu_busy.idle import causes as cause_table
 from gpu_busy.verdict import decide
 
-# (label, file, path to the figure, unit)
-ROWS = (
-    ("samples/s", "run", ("samples_per_s",), ""),
-    ("steps/s", "run", ("steps_per_s",), ""),
-    ("step on the device, all told", "idle", ("mean", "step_ms"), " ms"),
-    ("idle share", "idle", ("mean", "idle_pct"), "%"),
-    *((f"  idle: {c.replace('_', ' ')}", "idle", ("mean", f"idle_{c}_ms"), " ms")
-      for c in CAUSES),
-    ("batch transfer on the compute stream", "idle", ("mean", "transfer_ms"), " ms"),
-    ("the step itself", "idle", ("mean", "device_ms"), " ms"),
-    ("syncs per batch, logging steps too", "syncs", ("summary", "syncs_per_batch"), ""),
-    ("syncs per steady batch", "syncs", ("summary", "steady_syncs_per_batch"), ""),
-    ("GPU idle after syncs, per batch", "syncs", ("summary", "sync_idle_ms_per_batch"), " ms"),
-)  # fmt: skip
+
+def rows() -> list[tuple[str, str, tuple[str, ...], str]]:
+    """(label, file, path to the figure, unit) of each row of the table."""
+    return [
+        ("samples/s", "run", ("samples_per_s",), ""),
+        ("steps/s", "run", ("steps_per_s",), ""),
+        ("step on the device, all told", "idle", ("mean", "step_ms"), " ms"),
+        ("idle share", "idle", ("mean", "idle_pct"), "%"),
+        *((f"  idle: {c.label}", "idle", ("mean", f"idle_{c.name}_ms"), " ms")
+          for c in cause_table.TABLE),
+        ("batch transfer on the compute stream", "idle", ("mean", "transfer_ms"), " ms"),
+        ("the step itself", "idle", ("mean", "device_ms"), " ms"),
+        ("syncs per batch, logging steps too", "syncs", ("summary", "syncs_per_batch"), ""),
+        ("syncs per steady batch", "syncs", ("summary", "steady_syncs_per_batch"), ""),
+        ("GPU idle after syncs, per batch", "syncs", ("summary", "sync_idle_ms_per_batch"),
+         " ms"),
+    ]  # fmt: skip
 
 
 class RunFiles:
@@ -85,7 +88,7 @@ def compare(
     """The table, the verdicts and the gates; the last line says whether B is worse
     (``worse:``)."""
     lines = [f"A: {a.folder}", f"B: {b.folder}", f"{'':<38}{'A':>12}{'B':>12}{'change':>12}"]
-    for label, name, path, unit in ROWS:
+    for label, name, path, unit in rows():
         va, vb = a.figure(name, path), b.figure(name, path)
         if va is None and vb is None and name == "run":
             continue
@@ -155,16 +158,16 @@ def save_picture(a: RunFiles, b: RunFiles, path: str | Path) -> Path | None:
     if not (a.files.get("idle") and b.files.get("idle")):
         return None
     runs = ((1, "A", a), (0, "B", b))
-    lost = [("transfer", "transfer_ms")]
-    lost += [(f"idle: {c.replace('_', ' ')}", f"idle_{c}_ms") for c in CAUSES]
+    lost = [("transfer", "transfer_ms", "#8172b3")]  # the colours of the idle picture
+    lost += [(f"idle: {c.label}", f"idle_{c.name}_ms", c.colour) for c in cause_table.TABLE]
     lost = [p for p in lost if any(r.figure("idle", ("mean", p[1])) for _, _, r in runs)]
     fig, (whole, parts) = plt.subplots(1, 2, figsize=(11, 3), gridspec_kw={"width_ratios": [3, 2]})
     longest = 0.0
     for y, _, run in runs:
         left = 0.0
-        for i, (label, key) in enumerate([("the step", "device_ms"), *lost]):
+        for label, key, colour in [("the step", "device_ms", "#4c72b0"), *lost]:
             width = run.figure("idle", ("mean", key)) or 0.0
-            whole.barh(y, width, left=left, color=f"C{i}", label=label if y else None)
+            whole.barh(y, width, left=left, color=colour, label=label if y else None)
             left += width
         name, value = run.throughput()
         whole.text(left, y, f" {_fmt(value, '')} {name}", va="center", fontsize=8)
@@ -175,10 +178,10 @@ def save_picture(a: RunFiles, b: RunFiles, path: str | Path) -> Path | None:
     whole.set_title(f"A: {a.folder}\nB: {b.folder}", fontsize=7, loc="left")
     height = 0.38
     for y, tag, run in runs:
-        values = [run.figure("idle", ("mean", key)) or 0.0 for _, key in lost]
+        values = [run.figure("idle", ("mean", key)) or 0.0 for _, key, _ in lost]
         offsets = [i + (height / 2 if y else -height / 2) for i in range(len(lost))]
         parts.barh(offsets, values, height=height, color="0.3" if y else "0.7", label=tag)
-    parts.set_yticks(range(len(lost)), [label for label, _ in lost], fontsize=8)
+    parts.set_yticks(range(len(lost)), [label for label, _, _ in lost], fontsize=8)
     parts.invert_yaxis()
     parts.set_xlabel("ms per batch: the time lost, on its own scale")
     parts.legend(fontsize=8, frameon=False)

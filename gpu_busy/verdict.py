@@ -21,33 +21,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-# A cause bounds the run at or above this share of the device's step.
-THRESHOLDS = {
-    "data": 0.05,
-    "syncs": 0.05,
-    "launches": 0.05,
-    "host": 0.05,
-    "copies": 0.05,
-    "slow_rank": 0.10,
-}
-
-
-def untimed(idle: dict[str, Any] | None) -> str:
-    """Why an idle report holds no timed batch, and how many batches would give one."""
-    if not idle:
-        return "no idle report: add IdleTimeMonitor to the callbacks"
-    warmup = int(idle.get("warmup_steps") or 0)
-    return (
-        f"no training batch was timed: the first {warmup} are warm-up (IdleTimeMonitor's "
-        "warmup_steps) and a batch is timed only when the one before it ran in the same "
-        f"epoch, with no validation between; {max(warmup + 1, 2)} batches in one epoch are "
-        "enough"
-    )
+from gpu_busy.idle import causes as cause_table
+from gpu_busy.idle.report import untimed
 
 
 @dataclass(frozen=True)
 class Verdict:
-    cause: str  # a THRESHOLDS key, "device", or "unknown"
+    cause: str  # a cause_table.thresholds() key, "device", or "unknown"
     share: float | None  # of the device's step
     line: str
 
@@ -63,20 +43,25 @@ def decide(idle: dict[str, Any] | None, syncs: dict[str, Any] | None = None) -> 
     device = "the GPU itself" if cuda else "the CPU itself (no GPU here: host clocks stand in)"
     syncs_text = _syncs_seen(syncs, cuda)
 
+    limit = cause_table.thresholds()
     candidates = [
-        ("data", mean.get("idle_data_wait_ms"), _data_text),
-        ("syncs", mean.get("idle_sync_stall_ms"), lambda ms, pct: _syncs_text(ms, pct, syncs)),
-        ("launches", mean.get("idle_launch_bound_ms"), _launch_text),
-        # The batch "transfer" less the copy is the host's work before the step (its hooks;
-        # on a CPU all of it: there is no copy to wait for).
-        ("host", _add(mean.get("idle_other_ms"), _host_part(mean)), _host_text),
+        (cause.verdict, mean.get(f"idle_{cause.name}_ms"), _idle_text(cause, syncs))
+        for cause in cause_table.TABLE
+    ]
+    # The batch "transfer" less the copy is the host's work before the step (its hooks; on
+    # a CPU all of it: there is no copy to wait for): the host's, with its work between steps.
+    candidates = [
+        (verdict, _add(ms, _host_part(mean)) if verdict == "host" else ms, text)
+        for verdict, ms, text in candidates
+    ]
+    candidates += [
         ("copies", mean.get("copy_ms") if cuda else None, _copies_text),
         *_slow_rank(idle.get("ranks") or []),
-    ]  # fmt: skip
+    ]
     bound = [
         (ms / step, cause, text)
         for cause, ms, text in candidates
-        if ms is not None and ms / step >= THRESHOLDS[cause]
+        if ms is not None and ms / step >= limit[cause]
     ]
     if not bound:
         idle_pct = 100 * mean["idle_ms"] / step
@@ -89,7 +74,7 @@ def decide(idle: dict[str, Any] | None, syncs: dict[str, Any] | None = None) -> 
             f"on the {what} (bf16-mixed precision, torch.compile, a larger batch).{syncs_text}",
         )
     share, cause, text = max(bound, key=lambda b: b[0])
-    pct = f"{100 * share:.0f}% of a step; a problem above {100 * THRESHOLDS[cause]:.0f}%"
+    pct = f"{100 * share:.0f}% of a step; a problem above {100 * limit[cause]:.0f}%"
     return Verdict(cause, share, f"verdict: bound by {text(share * step, pct)}{syncs_text}")
 
 
@@ -100,45 +85,26 @@ def _host_part(mean: dict[str, Any]) -> float | None:
     return max(0.0, transfer - (mean.get("copy_ms") or 0.0))
 
 
-def _data_text(ms: float, pct: str) -> str:
-    return (
-        f"data loading: the device waited {ms:.2f} ms per batch for the DataLoader ({pct}). "
-        "First try: more DataLoader workers (num_workers), persistent_workers=True, and "
-        "decoding or augmenting less per sample on the host"
-    )
+def _idle_text(cause, syncs: dict | None):
+    """The verdict's sentence for an idle cause, from its row in ``gpu_busy.idle.causes``;
+    for syncs, with the costliest site the sync report names."""
+
+    def text(ms: float, pct: str) -> str:
+        detail = _costliest_sync(syncs) if cause.verdict == "syncs" else ""
+        return f"{cause.bound_by.format(ms=ms)} ({pct}).{detail} First try: {cause.advice}"
+
+    return text
 
 
-def _syncs_text(ms: float, pct: str, syncs: dict | None) -> str:
-    top = ""
+def _costliest_sync(syncs: dict | None) -> str:
     sites = (syncs or {}).get("sites") or []
-    if sites:
-        s = sites[0]
-        cost = s.get("idle_after_ms_per_batch")
-        cost_text = f", {cost:.2f} ms of idle per batch after it" if cost is not None else ""
-        where = s.get("location") or f"{s.get('filename')}:{s.get('lineno')}"
-        top = f" The costliest sync: {s.get('op')} at {where}{cost_text}."
-    return (
-        f"host syncs: the GPU stood idle {ms:.2f} ms per batch after the host waited on it "
-        f"({pct}).{top} First try: remove that read (log tensors, not .item(); keep "
-        "conditions on the device)"
-    )
-
-
-def _launch_text(ms: float, pct: str) -> str:
-    return (
-        f"kernel launches: the GPU ran dry {ms:.2f} ms per batch while the host was still "
-        f"launching ({pct}). First try: a larger batch, torch.compile (fewer, larger kernels) "
-        "or CUDA graphs"
-    )
-
-
-def _host_text(ms: float, pct: str) -> str:
-    return (
-        f"the host's work between steps: the device sat {ms:.2f} ms per batch with nothing "
-        f"queued, outside the DataLoader ({pct}). First try: a larger batch (the loop's "
-        "per-step cost is fixed), less per-step logging and fewer per-step callbacks; a "
-        "profiler window (touch <run dir>/TRACE) shows what runs there"
-    )
+    if not sites:
+        return ""
+    s = sites[0]
+    cost = s.get("idle_after_ms_per_batch")
+    cost_text = f", {cost:.2f} ms of idle per batch after it" if cost is not None else ""
+    where = s.get("location") or f"{s.get('filename')}:{s.get('lineno')}"
+    return f" The costliest sync: {s.get('op')} at {where}{cost_text}."
 
 
 def _copies_text(ms: float, pct: str) -> str:
@@ -201,4 +167,6 @@ def _add(a: float | None, b: float | None) -> float | None:
 
 
 def _thresholds() -> str:
-    return ", ".join(f"{k.replace('_', ' ')} {100 * v:.0f}%" for k, v in THRESHOLDS.items())
+    return ", ".join(
+        f"{k.replace('_', ' ')} {100 * v:.0f}%" for k, v in cause_table.thresholds().items()
+    )

@@ -27,7 +27,7 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from gpu_busy.callbacks import StreamPrefetcher, SyncPointDetector
 from gpu_busy.compare import main as compare_main
-from gpu_busy.verdict import THRESHOLDS
+from gpu_busy.idle.causes import thresholds
 from tests.conftest import DEFAULT, ROOT, run_entry_point
 from tests.foreign_modules import BlobClassifier, BlobData
 
@@ -64,7 +64,7 @@ def fit(tmp_path, model, data=None, caplog=None, **trainer_args):
         assert (run / name).is_file(), name
     # The verdict is one of the rule's causes, and the files it came from compare cleanly.
     assert json.loads((run / "run.json").read_text())["verdict"]["cause"] in {
-        *THRESHOLDS, "device"}  # fmt: skip
+        *thresholds(), "device"}  # fmt: skip
     assert compare_main([str(run), str(run), "--picture", ""]) == 0
     detector = next(c for c in callbacks if isinstance(c, SyncPointDetector))
     prefetcher = next(c for c in callbacks if isinstance(c, StreamPrefetcher))

@@ -14,7 +14,6 @@ from lightning.pytorch.demos.boring_classes import BoringModel
 
 from gpu_busy.callbacks import IdleTimeMonitor
 from gpu_busy.idle import (
-    CAUSES,
     IdleStats,
     StepSeries,
     StepTimer,
@@ -24,6 +23,7 @@ from gpu_busy.idle import (
     render_table,
     save_picture,
 )
+from gpu_busy.idle.causes import names
 from gpu_busy.idle.intervals import gaps, merge, overlap_length, union_length
 from tests.conftest import DEBUG, DEFAULT, cli_main
 
@@ -512,7 +512,7 @@ def test_idle_stats_travel_as_a_flat_list_and_series_stay_bounded():
 
     series = StepSeries(capacity=64)
     for i in range(1000):
-        series.add(StepTiming(i, 1.0, 0.0, 2.0, 0.0, 1.0, dict.fromkeys(CAUSES, 0.25)))
+        series.add(StepTiming(i, 1.0, 0.0, 2.0, 0.0, 1.0, dict.fromkeys(names(), 0.25)))
     assert len(series.rows) < 64 and series.rows[-1][0] > 900
 
 
@@ -562,7 +562,7 @@ def test_idle_monitor_logs_reports_and_captures_a_profiler_window(tmp_path, monk
     mean = report["mean"]
     assert mean["idle_pct"] is not None and 0 <= mean["idle_pct"] < 100
     assert mean["idle_sync_stall_ms"] is None and mean["idle_launch_bound_ms"] is None
-    assert sum(mean[f"idle_{c}_ms"] or 0 for c in CAUSES) == pytest.approx(mean["idle_ms"])
+    assert sum(mean[f"idle_{c}_ms"] or 0 for c in names()) == pytest.approx(mean["idle_ms"])
     # The prefetcher and the sync detector write their own files, through the same writer.
     assert json.loads((run / "prefetch.json").read_text())["batches"] == 24
     assert json.loads((run / "syncs.json").read_text())["summary"]["watched_batches"] >= 1

@@ -11,7 +11,8 @@ import pytest
 from lightning.pytorch.loggers import CSVLogger
 
 from gpu_busy.callbacks import IdleTimeMonitor, RunSummary, SyncPointDetector
-from gpu_busy.verdict import THRESHOLDS, decide
+from gpu_busy.idle.causes import thresholds
+from gpu_busy.verdict import decide
 from tests.bound_runs import SlowBlobData, WideBlobClassifier
 from tests.foreign_modules import BlobClassifier, BlobData
 
@@ -45,7 +46,7 @@ def test_the_largest_cause_at_or_above_its_threshold_bounds_a_gpu_run(figures, c
     assert verdict.cause == cause, verdict.line
     assert verdict.line.startswith("verdict: bound by ") and "First try:" in verdict.line
     if cause != "device":
-        assert f"a problem above {100 * THRESHOLDS[cause]:.0f}%" in verdict.line
+        assert f"a problem above {100 * thresholds()[cause]:.0f}%" in verdict.line
 
 
 def test_the_sync_verdict_names_the_costliest_site_and_its_cost():
@@ -153,3 +154,34 @@ def test_a_fit_too_short_to_time_says_how_many_batches_it_needs(tmp_path, caplog
     assert verdict.endswith("6 batches in one epoch are enough)")
     assert any(x.startswith("  n/a: no training batch was timed") for x in lines), lines
     assert not any("idle between steps" in x for x in lines)  # no table of n/a rows
+
+
+def test_a_cause_added_to_the_table_reaches_the_report_verdict_and_compare(
+    tmp_path, monkeypatch, capsys
+):
+    """One row in gpu_busy.idle.causes, and every reader names it: nothing else to edit."""
+    from gpu_busy.compare import main as compare
+    from gpu_busy.idle import causes
+    from gpu_busy.idle.report import render_table
+
+    paging = causes.Cause(
+        "page_faults", "page faults", "paging", 0.05, True, "#000000",
+        "page faults: the device waited {ms:.2f} ms per batch for host memory",
+        "pin the batch's memory", "the part spent faulting pages in",
+    )  # fmt: skip
+    monkeypatch.setattr(causes, "TABLE", (*causes.TABLE, paging))
+    report = gpu_report(idle_page_faults_ms=2.0)
+    report["mean"]["idle_ms"] += 2.0
+    report.update(steps=10, timed_steps=10, world_size=1, rank_max=report["mean"])
+    assert any(line.startswith("  page faults") and "5% of a step" in line
+               for line in render_table(report))  # fmt: skip
+    verdict = decide(report)
+    assert verdict.cause == "paging" and "First try: pin the batch's memory" in verdict.line
+    assert causes.split_gap(3.0, {}, {"page_faults": True})["page_faults"] == 3.0
+    runs = []
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "idle.json").write_text(json.dumps(report))
+        runs.append(str(tmp_path / name))
+    compare([*runs, "--picture", ""])
+    assert "  idle: page faults" in capsys.readouterr().out

@@ -32,7 +32,6 @@ from gpu_busy.callbacks.ranks import (
 )
 from gpu_busy.cuda_sync_warnings import debug_mode
 from gpu_busy.idle import (
-    CAUSES,
     IdleStats,
     ProfilerUnavailable,
     ProfilerWindows,
@@ -41,11 +40,11 @@ from gpu_busy.idle import (
     SyncMarks,
     TimedReads,
     build_report,
+    causes,
     render_table,
     save_picture,
 )
 from gpu_busy.idle.profiler_windows import torch_profiler
-from gpu_busy.idle.stats import GPU_ONLY
 from gpu_busy.log import get_logger
 
 log = get_logger(__name__)
@@ -245,7 +244,7 @@ class IdleTimeMonitor(pl.Callback):
                 dict(enumerate(series)),
                 self._run_dir / "idle.png",
                 title=f"per batch, mean over {trainer.world_size} rank(s) ({self.timer.clock})",
-                causes=tuple(c for c in CAUSES if cuda or f"idle_{c}_ms" not in GPU_ONLY),
+                causes=tuple(c.name for c in causes.TABLE if cuda or c.on_host_clock),
             )
         report["picture"] = str(picture) if picture else None
         self.report = report

@@ -28,12 +28,12 @@ import lightning.pytorch as pl
 
 from gpu_busy import lightning_compat as compat
 from gpu_busy.callbacks.ranks import gather_objects, gather_rows, log_metrics, publish, run_dir
+from gpu_busy.idle.causes import thresholds
 from gpu_busy.log import get_logger
 from gpu_busy.syncs.detector import SyncDetector
 from gpu_busy.syncs.rules import DDP_USED_MAP
 from gpu_busy.syncs.sampling import WatchSchedule
 from gpu_busy.syncs.sites import SyncSiteTable, github_annotations, in_github_actions
-from gpu_busy.verdict import THRESHOLDS
 from gpu_busy.window_sums import WindowSums
 
 log = get_logger(__name__)
@@ -388,7 +388,7 @@ def _cost_line(report: dict) -> str:
     return (
         f"  cost of the syncs: {idle:.3f} ms of GPU idle after them per batch ({pct} of a "
         f"step; removing every one gains at most that; worth it above "
-        f"{100 * THRESHOLDS['syncs']:.0f}%), host waited "
+        f"{100 * thresholds()['syncs']:.0f}%), host waited "
         f"{report['sync_host_ms_per_batch']:.3f} ms in them"
     )
 

@@ -6,7 +6,8 @@
   apart and gaps classified (HTA's host-wait definition);
 - ``ProfilerWindows``: profiler windows now and then, saved and analysed;
 - ``IdleStats`` / ``StepSeries``: window sums that ranks can reduce, and a per-step series;
-- ``build_report`` / ``render_table`` / ``save_picture``: the end-of-run report.
+- ``build_report`` / ``render_table`` / ``save_picture``: the end-of-run report;
+- ``causes``: the table of idle causes everything above reads, and ``split_gap``.
 
 Example::
 
@@ -14,7 +15,6 @@ Example::
     print(analyze_trace("trace.json").idle_ms)
 """
 
-from gpu_busy.idle.intervals import CAUSES
 from gpu_busy.idle.profiler_windows import ProfilerUnavailable, ProfilerWindows
 from gpu_busy.idle.report import build_report, render_table, save_picture
 from gpu_busy.idle.stats import IdleStats, StepSeries
@@ -23,7 +23,6 @@ from gpu_busy.idle.sync_marks import SyncMarks
 from gpu_busy.idle.trace import StepIdle, TraceIdle, analyze_trace
 
 __all__ = [
-    "CAUSES",
     "IdleStats",
     "ProfilerUnavailable",
     "ProfilerWindows",

@@ -1,4 +1,4 @@
-"""Interval arithmetic and the names of the idle causes, shared by both idle methods.
+"""Interval arithmetic, shared by both idle methods.
 
 Intervals are ``(start, end)`` pairs on one clock, in any unit; an empty or negative
 interval counts as nothing.
@@ -13,9 +13,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from itertools import pairwise
-
-# Why the GPU waited; the definitions are in docs/ARCHITECTURE.md ("Idle time").
-CAUSES = ("data_wait", "sync_stall", "launch_bound", "other")
 
 Interval = tuple[float, float]
 

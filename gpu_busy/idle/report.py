@@ -20,17 +20,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from gpu_busy.idle.intervals import CAUSES
+from gpu_busy.idle import causes as cause_table
 from gpu_busy.idle.stats import IdleStats, StepSeries
-from gpu_busy.verdict import THRESHOLDS, untimed
 from gpu_busy.window_sums import mean_and_max
-
-_CAUSE_LABELS = {
-    "data_wait": "data wait",
-    "sync_stall": "sync stall",
-    "launch_bound": "launch-bound",
-    "other": "other",
-}
 
 
 def build_report(
@@ -56,10 +48,23 @@ def build_report(
     }
 
 
+def untimed(idle: dict[str, Any] | None) -> str:
+    """Why an idle report holds no timed batch, and how many batches would give one."""
+    if not idle:
+        return "no idle report: add IdleTimeMonitor to the callbacks"
+    warmup = int(idle.get("warmup_steps") or 0)
+    return (
+        f"no training batch was timed: the first {warmup} are warm-up (IdleTimeMonitor's "
+        "warmup_steps) and a batch is timed only when the one before it ran in the same "
+        f"epoch, with no validation between; {max(warmup + 1, 2)} batches in one epoch are "
+        "enough"
+    )
+
+
 def render_table(report: dict[str, Any]) -> list[str]:
     """The report as aligned text lines: the mean over ranks, under DDP the largest value of
     any rank, and the share of a step at which a figure becomes a problem (the verdict's
-    thresholds, ``gpu_busy.verdict.THRESHOLDS``)."""
+    thresholds, ``gpu_busy.idle.causes``)."""
     mean, most = report["mean"], report["rank_max"]
     many = report["world_size"] > 1
     cuda = report["clock"] == "cuda events"
@@ -80,14 +85,11 @@ def render_table(report: dict[str, Any]) -> list[str]:
 
     row("step on the device, all told", "step_ms", share=False)
     row("idle between steps", "idle_ms")
-    causes = {"data_wait": "data", "sync_stall": "syncs", "launch_bound": "launches"}
-    for cause in CAUSES:
-        # On a host clock, "other" holds all the host's work between steps.
-        problem = THRESHOLDS.get(causes.get(cause, "host"))
-        row(f"  {_CAUSE_LABELS[cause]}", f"idle_{cause}_ms", problem)
+    for cause in cause_table.TABLE:
+        row(f"  {cause.label}", f"idle_{cause.name}_ms", cause.threshold)
     row("batch transfer on the compute stream", "transfer_ms")
     if cuda:  # the rest of the transfer is the host's hooks before the step
-        row("  the copy, beyond the host's hooks", "copy_ms", THRESHOLDS["copies"])
+        row("  the copy, beyond the host's hooks", "copy_ms", cause_table.thresholds()["copies"])
     row("the step itself", "device_ms")
     if cuda:  # on a host clock these equal the rows above
         row("host: step", "host_step_ms", share=False)
@@ -100,7 +102,9 @@ def render_table(report: dict[str, Any]) -> list[str]:
             lines.append(f"trace {t.get('path', '')}: no device activity (a CPU run): n/a")
             continue
         causes = ", ".join(
-            f"{_CAUSE_LABELS[c]} {t['causes'][c]:.2f}" for c in CAUSES if t["causes"][c] > 0
+            f"{c.label} {t['causes'][c.name]:.2f}"
+            for c in cause_table.TABLE
+            if t["causes"].get(c.name)
         )
         lines.append(
             f"trace {t.get('path', '')}: {t['span_ms']:.1f} ms span, idle "
@@ -114,13 +118,14 @@ def save_picture(
     series: dict[int, list[list[float]]],
     path: str | Path,
     title: str = "",
-    causes: tuple[str, ...] = CAUSES,
+    causes: tuple[str, ...] | None = None,
 ) -> Path | None:
     """Draw the per-batch breakdown, averaged over ranks by batch; None without matplotlib.
 
     Three panels on one x axis, each on its own scale (idle is often a hundredth of the
     device time): the device's time (step and transfer), the idle time by cause (only
-    ``causes``: leave out those the clock cannot tell), and the host's DataLoader wait.
+    ``causes``, by name, default all: leave out those the clock cannot tell), and the
+    host's DataLoader wait.
     """
     try:
         import matplotlib
@@ -135,11 +140,11 @@ def save_picture(
         return None
     col = {name: i for i, name in enumerate(StepSeries.COLUMNS)}
     steps = [r[col["step"]] for r in rows]
-    colours = dict(zip(CAUSES, ("#dd8452", "#c44e52", "#937860", "#8c8c8c"), strict=True))
     device = [("step", "device_ms", "#4c72b0"), ("transfer", "transfer_ms", "#8172b3")]
+    shown = [cause_table.by_name(c) for c in (causes or cause_table.names())]
     panels = [
         ("device time (ms)", device),
-        ("idle before it (ms)", [(_CAUSE_LABELS[c], f"idle_{c}_ms", colours[c]) for c in causes]),
+        ("idle before it (ms)", [(c.label, f"idle_{c.name}_ms", c.colour) for c in shown]),
         ("host DataLoader\nwait (ms)", [("wait", "loader_wait_ms", "#55a868")]),
     ]  # fmt: skip
     fig, axes = plt.subplots(

@@ -20,12 +20,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpu_busy.idle.intervals import CAUSES
+from gpu_busy.idle import causes as cause_table
 from gpu_busy.idle.step_timer import StepTiming
 from gpu_busy.window_sums import WindowSums
-
-# The figures that need a GPU queue: None on a host clock.
-GPU_ONLY = ("idle_sync_stall_ms", "idle_launch_bound_ms")
 
 
 @dataclass
@@ -58,7 +55,7 @@ class IdleStats(WindowSums):
         self.transfer_ms += t.transfer_ms or 0.0
         self.copy_ms += t.copy_ms or 0.0
         self.idle_ms += t.idle_ms
-        for cause in CAUSES:
+        for cause in cause_table.names():
             name = f"idle_{cause}_ms"
             setattr(self, name, getattr(self, name) + (t.causes.get(cause) or 0.0))
 
@@ -78,11 +75,11 @@ class IdleStats(WindowSums):
             "host_backward_ms": self.host_backward_ms / n if n else None,
             "loader_wait_ms": self.loader_wait_ms / n if n else None,
         }
-        for cause in CAUSES:
-            name = f"idle_{cause}_ms"
-            out[name] = getattr(self, name) / m if m else None
-            if name in GPU_ONLY and not cuda:
-                out[name] = None
+        for cause in cause_table.TABLE:
+            name = f"idle_{cause.name}_ms"
+            # what only a GPU queue tells is None on a host clock, not a guess
+            known = m and (cuda or cause.on_host_clock)
+            out[name] = getattr(self, name) / m if known else None
         out["cuda_syncs_per_batch"] = self.syncs / n if n and cuda else None
         return out
 
@@ -95,7 +92,7 @@ class StepSeries:
         "loader_wait_ms",
         "transfer_ms",
         "device_ms",
-        *(f"idle_{c}_ms" for c in CAUSES),
+        *(f"idle_{c}_ms" for c in cause_table.names()),
     )
 
     def __init__(self, capacity: int = 2048) -> None:
@@ -108,7 +105,7 @@ class StepSeries:
         seen, self._seen = self._seen, self._seen + 1
         if seen % self.stride or t.idle_ms is None or t.device_ms is None:
             return
-        causes = [t.causes.get(c) or 0.0 for c in CAUSES]
+        causes = [t.causes.get(c) or 0.0 for c in cause_table.names()]
         self.rows.append(
             [float(t.step), t.loader_wait_ms, t.transfer_ms or 0.0, t.device_ms, *causes]
         )

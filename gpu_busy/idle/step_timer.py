@@ -42,7 +42,8 @@ from typing import Any
 import torch
 
 from gpu_busy.event_pool import EventPool
-from gpu_busy.idle.intervals import CAUSES, Interval, overlap_length
+from gpu_busy.idle.causes import names, split_gap
+from gpu_busy.idle.intervals import Interval, overlap_length
 from gpu_busy.idle.sync_marks import SyncMarks
 
 
@@ -340,27 +341,21 @@ class StepTimer:
         self, step: _Step, idle_ms: float | None, idle_end: float | None
     ) -> dict[str, float | None]:
         if idle_ms is None or idle_end is None:
-            return dict.fromkeys(CAUSES)
+            return dict.fromkeys(names())
         drained = idle_end - idle_ms / 1e3  # when the GPU ran out of work, host clock
-        data = min(idle_ms, 1e3 * overlap_length((drained, idle_end), step.waits))
-        rest = idle_ms - data
-        causes: dict[str, float | None] = {"data_wait": data, "other": 0.0}
+        data = {"data_wait": 1e3 * overlap_length((drained, idle_end), step.waits)}
         if not self.is_cuda:
             # No queue on the host: nothing to drain, nothing to stall on.
-            causes.update(sync_stall=None, launch_bound=None, other=rest)
-            return {c: causes[c] for c in CAUSES}
+            return split_gap(idle_ms, data, None)
         tol = self._tolerance_s
         ran_dry_in_step = drained <= step.h_prev_end + tol
         sync_in_gap = any(step.h_prev_end <= t <= drained + tol for t in step.syncs)
         sync_in_step = any(step.h_prev_start <= t <= step.h_prev_end for t in step.syncs)
-        causes.update(sync_stall=0.0, launch_bound=0.0)
-        if sync_in_gap or (ran_dry_in_step and sync_in_step):
-            causes["sync_stall"] = rest
-        elif ran_dry_in_step:
-            causes["launch_bound"] = rest
-        else:
-            causes["other"] = rest
-        return {c: causes[c] for c in CAUSES}
+        holds = {
+            "sync_stall": sync_in_gap or (ran_dry_in_step and sync_in_step),
+            "launch_bound": ran_dry_in_step,
+        }
+        return split_gap(idle_ms, data, holds)
 
 
 class TimedReads(Iterator):

@@ -27,7 +27,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpu_busy.idle.intervals import CAUSES, Interval, gaps, merge, overlap_length
+from gpu_busy.idle.causes import names, split_gap
+from gpu_busy.idle.intervals import Interval, gaps, merge, overlap_length
 
 DEVICE_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 _LAUNCH_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver"})
@@ -210,7 +211,7 @@ def _classify(
     holes: list[Interval], device: list[_DeviceEvent], host: _HostView
 ) -> tuple[dict[str, float], float]:
     """Split each hole in device activity by cause (µs); also the host-wait total."""
-    causes = dict.fromkeys(CAUSES, 0.0)
+    causes = dict.fromkeys(names(), 0.0)
     host_wait = 0.0
     by_start: dict[float, list[_DeviceEvent]] = defaultdict(list)
     for d in device:
@@ -218,23 +219,21 @@ def _classify(
     for g0, g1 in holes:
         length = g1 - g0
         nexts = [d for d in by_start.get(g1, []) if d.launch is not None]
-        if not nexts:
-            causes["other"] += length  # no launch record: cannot say the host was late
-            continue
-        first = min(nexts, key=lambda d: d.launch)
-        if first.launch <= g0:
-            causes["other"] += length  # launched in time: the GPU waited on itself
-            continue
-        host_wait += length
-        data = min(length, overlap_length((g0, g1), host.data))
-        causes["data_wait"] += data
-        rest = length - data
-        if host.in_sync(g0):
-            causes["sync_stall"] += rest
-        elif host.in_op(first.launch_tid, g0):
-            causes["launch_bound"] += rest
+        first = min(nexts, key=lambda d: d.launch) if nexts else None
+        if first is None or first.launch <= g0:
+            # No launch record: cannot say the host was late. Launched in time: the GPU
+            # waited on itself. Either way none of the host's causes.
+            split = split_gap(length, {}, {})
         else:
-            causes["other"] += rest
+            host_wait += length
+            split = split_gap(
+                length,
+                {"data_wait": overlap_length((g0, g1), host.data)},
+                {"sync_stall": host.in_sync(g0),
+                 "launch_bound": host.in_op(first.launch_tid, g0)},
+            )  # fmt: skip
+        for name, ms in split.items():
+            causes[name] += ms or 0.0
     return causes, host_wait
 
 
@@ -253,7 +252,7 @@ def _per_step(device: list[_DeviceEvent], host: _HostView) -> list[StepIdle]:
     for (_, _, name), mine in zip(host.steps, members, strict=True):
         busy_merged = merge((d.start, d.end) for d in mine)
         if not busy_merged:
-            out.append(StepIdle(name, 0.0, 0.0, 0.0, None, 0, dict.fromkeys(CAUSES, 0.0)))
+            out.append(StepIdle(name, 0.0, 0.0, 0.0, None, 0, dict.fromkeys(names(), 0.0)))
             continue
         first, last = busy_merged[0][0], busy_merged[-1][1]
         holes = gaps(busy_merged)

@@ -1,0 +1,112 @@
+"""Why the GPU waited: one row per idle cause, read by everything that names one.
+
+Each row gives the cause's name (``idle_<name>_ms`` in ``IdleStats``, ``idle.json``, the
+logged metrics), its label (report, compare, picture), the cause the verdict calls it and
+the share of a step at which it becomes a problem, whether a host clock can tell it, its
+colour, and the verdict's words for it. ``split_gap`` divides a gap by cause; the step
+timer and the trace analysis both use it, each with the evidence its clock gives. The
+rules are written down in docs/ARCHITECTURE.md, "Idle time".
+
+Adding a cause is a row here and the ``IdleStats`` field that sums it; the evidence for it
+comes from the clocks (``StepTimer._attribute``, ``trace._classify``).
+
+Example::
+
+    split_gap(6.0, overlaps={"data_wait": 2.0}, holds={"sync_stall": True})
+    # {"data_wait": 2.0, "sync_stall": 4.0, "launch_bound": 0.0, "other": 0.0}
+    split_gap(6.0, overlaps={"data_wait": 2.0}, holds=None)   # a host clock
+    # {"data_wait": 2.0, "sync_stall": None, "launch_bound": None, "other": 4.0}
+    [c.label for c in TABLE]   # ["data wait", "sync stall", "launch-bound", "other"]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Cause:
+    name: str  # idle_<name>_ms
+    label: str  # in the report, compare and the picture
+    verdict: str  # what the verdict calls it ("bound by <bound_by>")
+    threshold: float  # the share of a step at or above which it bounds the run
+    on_host_clock: bool  # a host clock can tell it (else None there: never guessed)
+    colour: str  # the picture's
+    bound_by: str  # the verdict's words, with {ms}: the idle per batch
+    advice: str  # the verdict's "First try"
+    rule: str  # which part of a gap it gets
+
+
+TABLE: tuple[Cause, ...] = (
+    Cause(
+        "data_wait", "data wait", "data", 0.05, True, "#dd8452",
+        "data loading: the device waited {ms:.2f} ms per batch for the DataLoader",
+        "more DataLoader workers (num_workers), persistent_workers=True, and decoding or "
+        "augmenting less per sample on the host",
+        "the part of the gap the host spent waiting for the DataLoader",
+    ),
+    Cause(
+        "sync_stall", "sync stall", "syncs", 0.05, False, "#c44e52",
+        "host syncs: the GPU stood idle {ms:.2f} ms per batch after the host waited on it",
+        "remove that read (log tensors, not .item(); keep conditions on the device)",
+        "the rest, when the GPU ran dry while the host waited in a sync",
+    ),
+    Cause(
+        "launch_bound", "launch-bound", "launches", 0.05, False, "#937860",
+        "kernel launches: the GPU ran dry {ms:.2f} ms per batch while the host was still "
+        "launching",
+        "a larger batch, torch.compile (fewer, larger kernels) or CUDA graphs",
+        "the rest, when the GPU ran dry while the host was still running the step",
+    ),
+    Cause(
+        "other", "other", "host", 0.05, True, "#8c8c8c",
+        "the host's work between steps: the device sat {ms:.2f} ms per batch with nothing "
+        "queued, outside the DataLoader",
+        "a larger batch (the loop's per-step cost is fixed), less per-step logging and "
+        "fewer per-step callbacks; a profiler window (touch <run dir>/TRACE) shows what runs "
+        "there",
+        "the rest otherwise: the host between steps, busy with something else",
+    ),
+)  # fmt: skip
+
+# Device time lost outside the gaps, which the verdict also weighs (gpu_busy.verdict).
+OTHER_THRESHOLDS = {"copies": 0.05, "slow_rank": 0.10}
+
+
+def names() -> tuple[str, ...]:
+    return tuple(c.name for c in TABLE)
+
+
+def thresholds() -> dict[str, float]:
+    """The share of a step at or above which each verdict cause bounds a run."""
+    return {**{c.verdict: c.threshold for c in TABLE}, **OTHER_THRESHOLDS}
+
+
+def by_name(name: str) -> Cause:
+    return next(c for c in TABLE if c.name == name)
+
+
+def split_gap(
+    length: float, overlaps: dict[str, float], holds: dict[str, bool] | None
+) -> dict[str, float | None]:
+    """Divide one gap of ``length`` by cause.
+
+    ``overlaps``: causes measured as an amount of the gap (the DataLoader wait within it);
+    they come first. ``holds``: for the rest, whether each cause's condition held when the
+    GPU ran dry; the first row whose condition held takes all of it, else the last row.
+    ``holds=None``: a host clock, which cannot tell the GPU-only causes: those are None.
+    """
+    out: dict[str, float | None] = dict.fromkeys(names(), 0.0)
+    rest = length
+    for name, amount in overlaps.items():
+        taken = max(0.0, min(rest, amount))
+        out[name] = taken
+        rest -= taken
+    if holds is None:
+        for c in TABLE:
+            if not c.on_host_clock:
+                out[c.name] = None
+        holds = {}
+    taker = next((c.name for c in TABLE if holds.get(c.name)), TABLE[-1].name)
+    out[taker] = (out[taker] or 0.0) + rest
+    return out

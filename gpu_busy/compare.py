@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gpu_busy.idle import causes as cause_table
+import gpu_busy.idle.causes as cause_table
 from gpu_busy.verdict import decide
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from gpu_busy.idle import causes as cause_table
+import gpu_busy.idle.causes as cause_table
 from gpu_busy.idle.report import untimed
 
 

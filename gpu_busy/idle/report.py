@@ -20,7 +20,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from gpu_busy.idle import causes as cause_table
+import gpu_busy.idle.causes as cause_table
 from gpu_busy.idle.stats import IdleStats, StepSeries
 from gpu_busy.window_sums import mean_and_max
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpu_busy.idle import causes as cause_table
+import gpu_busy.idle.causes as cause_table
 from gpu_busy.idle.step_timer import StepTiming
 from gpu_busy.window_sums import WindowSums
 

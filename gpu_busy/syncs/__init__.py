@@ -12,14 +12,8 @@ Example::
     print(*rec.events, sep="\\n")
 """
 
-from gpu_busy.syncs.detector import (
-    SyncError,
-    SyncEvent,
-    allow_syncs,
-    assert_no_syncs,
-    detect_syncs,
-    not_allowed,
-)
+from gpu_busy.syncs.checks import assert_no_syncs
+from gpu_busy.syncs.detector import SyncError, SyncEvent, allow_syncs, detect_syncs, not_allowed
 
 __all__ = [
     "SyncError", "SyncEvent", "allow_syncs", "assert_no_syncs", "detect_syncs", "not_allowed",

@@ -492,25 +492,6 @@ def detect_syncs(
     return SyncDetector(device_type, strict=strict, cuda_debug=cuda_debug, origins=origins)
 
 
-def assert_no_syncs(fn: Callable[..., T], *args: Any, device_type: str = "cpu", **kwargs: Any) -> T:
-    """Call ``fn(*args, **kwargs)`` and fail with the offending lines if it syncs.
-
-    Example::
-
-        assert_no_syncs(model.training_step, batch, 0)   # AssertionError listing each line
-    """
-    with detect_syncs(device_type=device_type) as rec:
-        result = fn(*args, **kwargs)
-    if unallowed := not_allowed(rec.events):
-        from gpu_busy.syncs.sites import github_annotations, in_github_actions
-
-        if in_github_actions():  # on the pull request's diff, each on its own line
-            print("", *github_annotations(unallowed), sep="\n", flush=True)
-        name = getattr(fn, "__qualname__", repr(fn))
-        raise AssertionError(f"{name} made {describe(unallowed)}")
-    return result
-
-
 _ALLOWED: contextvars.ContextVar[str | None] = contextvars.ContextVar("allowed", default=None)
 
 
@@ -919,6 +900,6 @@ class _SynchronizeHooks:
 
 
 __all__ = [
-    "SyncDetector", "SyncError", "SyncEvent", "allow_syncs", "assert_no_syncs", "detect_syncs",
+    "SyncDetector", "SyncError", "SyncEvent", "allow_syncs", "detect_syncs",
     "not_allowed",
 ]  # fmt: skip

@@ -29,9 +29,9 @@ def needs_cli():
 
 
 def cli_main():
-    """``template.train.main``, or a clean skip where the entry point cannot be imported."""
+    """``gpu_busy.cli.main``, or a clean skip where the entry point cannot be imported."""
     needs_cli()
-    from template.train import main
+    from gpu_busy.cli import main
 
     return main
 

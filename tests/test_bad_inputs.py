@@ -344,7 +344,7 @@ class FillTheDisk(Callback):
         (["--model.class_path=nope.Module"], "No module named 'nope'"),
         (["--trainer.limit_train_batches=0"], "limit_train_batches=0 trains nothing"),
         # a misspelt key is not an abbreviation of another
-        (["--trainer.max_epoch=1"], "unrecognized arguments: --trainer.max_epoch=1"),
+        (["--trainer.max_epoch=1"], "trainer.max_epoch is not an option; did you mean"),
         (["--trainer.gradient_clip_val=-1"], "gradient_clip_val must be 0 or more"),
         # Lightning's own check, made inside fit once it knows the number of batches
         (["--trainer.val_check_interval=100"], "val_check_interval` (100) must be less"),

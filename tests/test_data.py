@@ -4,12 +4,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from gpu_busy.errors import UserError
 from template.data import ImageDataModule
 from template.data.augment import DeviceAugment
 from template.data.datamodule import default_num_workers
 from template.data.sources import FolderImages, load_cifar10
 from template.data.synthetic import CLASSES, make_shapes
-from template.errors import UserError
 
 
 def test_synthetic_is_deterministic_balanced_uint8():

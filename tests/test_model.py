@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from template.errors import UserError
+from gpu_busy.errors import UserError
 from template.models import ImageClassifier, cifar_resnet
 
 

@@ -30,6 +30,43 @@ FOREIGN = [
 
 
 @pytest.mark.slow
+def test_the_packages_command_line_trains_a_project_that_is_not_the_template(tmp_path):
+    """gpu_busy.cli as another project's entry point: Lightning's demo model and data,
+    one line for a mistake, and the example package never imported."""
+    script = tmp_path / "train.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import sys
+            from gpu_busy.cli import main
+
+            demo = "lightning.pytorch.demos.boring_classes"
+            args = ["fit", f"--model={demo}.BoringModel", f"--data={demo}.BoringDataModule",
+                    "--trainer.max_epochs=1", "--trainer.limit_train_batches=4",
+                    "--trainer.limit_val_batches=1", "--trainer.accelerator=cpu"]
+            code = main([*args, *sys.argv[1:]], prog="python train.py")
+            assert not [m for m in sys.modules if m.split(".")[0] == "template"]
+            sys.exit(code)
+            """
+        )
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    run = [sys.executable, str(script)]
+    result = subprocess.run(run, cwd=tmp_path, env=env, capture_output=True, text=True,
+                            timeout=HANG_S)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "`Trainer.fit` stopped: `max_epochs=1` reached" in result.stderr
+    bad = subprocess.run([*run, "--trainer.max_epoch=2"], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=HANG_S)  # fmt: skip
+    assert bad.returncode == 2
+    (line,) = [x for x in bad.stderr.splitlines() if x.startswith("error:")]
+    assert line == (
+        "error: the command line: trainer.max_epoch is not an option; did you mean "
+        "trainer.max_epochs? (python train.py fit --help lists every option)"
+    )
+
+
+@pytest.mark.slow
 def test_the_measuring_package_serves_a_plain_lightning_script(tmp_path):
     """gpu_busy with every callback, in a script that is not the template, where the
     example package cannot even be imported."""

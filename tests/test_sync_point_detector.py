@@ -99,7 +99,10 @@ def test_a_short_fit_watches_one_batch_and_says_so_up_front(tmp_path, caplog):
     with caplog.at_level(logging.INFO):
         _fit(tmp_path, ImageClassifier(width=4), [detector], limit_train_batches=16)
     assert "a fit of 16 batches is too short to keep even one watched batch" in caplog.text
-    assert detector.report["watched_batches"] == 1
+    # One always-watched batch, the second; how many more the measured cost allows
+    # depends on the machine's load (a loaded one can measure a watched batch as free).
+    assert (detector.schedule.first_at, detector.schedule.first) == (1, 1)
+    assert detector.report["watched_batches"] >= 1
 
 
 def test_the_default_config_step_is_sync_free_in_steady_state(tmp_path, monkeypatch):

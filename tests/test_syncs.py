@@ -537,7 +537,11 @@ def test_the_first_watched_steps_fit_the_budget_of_a_fit_of_known_length():
     assert s.plan_fit(150) and s.first == 3  # 3 x ~50% = 1.5 plain steps of 150
     assert s.plan_fit(60) and s.first == 1
     assert not s.plan_fit(20) and s.first == 1  # even one is over 1%: watched, and said
+    # The lone one is the second step, the first whose window holds a whole step.
+    assert [n for n in range(4) if s.should_watch(n)] == [1]
     assert s.plan_fit(None) and s.plan_fit(float("inf")) and s.first == 3
+    one = WatchSchedule()
+    assert not one.plan_fit(1) and [n for n in range(1) if one.should_watch(n)] == [0]
 
 
 def test_under_github_actions_user_syncs_become_annotations_on_the_diff(monkeypatch, capsys):

@@ -118,7 +118,7 @@ def _one_error_line(capsys) -> str:
 @pytest.mark.parametrize(
     ("args", "expected"),
     [
-        (["--trainer.no_such_key=1"], "unrecognized arguments: --trainer.no_such_key=1"),
+        (["--trainer.no_such_key=1"], "the command line: trainer.no_such_key is not an option"),
         (["--data.batch_size=many"], 'Parser key "data.batch_size"'),
         (["--data.batch_size=0"], "data.batch_size must be at least 1"),
         (["--model.depth=19"], "depth must be one of [18, 34]"),

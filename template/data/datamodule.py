@@ -24,6 +24,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from gpu_busy import lightning_compat as compat
+from gpu_busy.errors import UserError
 from gpu_busy.faults.worker_signals import ignore_stop_signals
 from gpu_busy.log import get_logger
 from gpu_busy.resume.sampler import ResumableSampler
@@ -31,7 +32,6 @@ from template.data.augment import CIFAR10_MEAN, CIFAR10_STD, DeviceAugment
 from template.data.sources import FolderImages, InMemoryImages, load_cifar10
 from template.data.synthetic import CLASSES as SYNTHETIC_CLASSES
 from template.data.synthetic import make_shapes
-from template.errors import UserError
 
 CIFAR10_CLASSES = (
     "airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck",

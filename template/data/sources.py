@@ -19,8 +19,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from gpu_busy.errors import UserError
 from gpu_busy.log import get_logger
-from template.errors import UserError
 
 log = get_logger(__name__)
 

@@ -20,8 +20,8 @@ import torch.nn.functional as F
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
+from gpu_busy.errors import UserError
 from gpu_busy.lightning_compat import is_logging_step
-from template.errors import UserError
 from template.models.resnet import cifar_resnet
 
 

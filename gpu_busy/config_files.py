@@ -1,8 +1,9 @@
 """The config files on a command line, checked with nothing heavier than a YAML parser.
 
-``template.train`` runs ``check_config_files`` before it imports torch and Lightning (about
-10 s), so a broken file is one line at once; ``key_origin`` and ``close_match`` turn
-jsonargparse's "option not accepted" into a line that names the file and the likely key.
+An entry point (``template/train.py``) runs ``check_config_files`` before it imports torch
+and Lightning (about 10 s), so a broken file is one line at once; ``key_origin`` and
+``close_match`` turn jsonargparse's "option not accepted" into a line that names the file
+and the likely key (``gpu_busy.cli``).
 
 Example::
 
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import yaml
 
-from template.errors import UserError
+from gpu_busy.errors import UserError
 
 
 def config_files(args: list[str], existing: bool = True) -> list[Path]:

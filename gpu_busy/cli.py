@@ -56,7 +56,15 @@ from gpu_busy.resume import checkpoint_file
 log = get_logger(__name__)
 
 # The command, as the user typed it, for the hint after a parse error (set by main).
-_prog = "python -m template.train"
+_prog = "python"
+
+
+def _command() -> str:
+    """How this process was started: ``python -m pkg.mod`` or ``python path/to/script.py``."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if spec is not None and spec.name:
+        return f"python -m {spec.name.removesuffix('.__main__')}"
+    return f"python {sys.argv[0]}" if sys.argv and sys.argv[0] else "python"
 
 
 def _requested_gpus(devices) -> int | None:
@@ -724,9 +732,9 @@ def _quiet(record: logging.LogRecord) -> bool:
 
 def main(args: list[str] | None = None, prog: str | None = None) -> int:
     """Run the command line (``args``: sys.argv's by default) and return the exit code;
-    ``prog`` is how the user runs it, for the hints."""
+    ``prog`` is how the user runs it, for the hints (default: how this process started)."""
     global _prog
-    _prog = prog or _prog
+    _prog = prog or _command()
     setup_logging()
     # TF32 matmuls on Ampere and newer GPUs, for this run only: a caller in the same process
     # (a test, a notebook) gets its own setting back, and its warning filters.

@@ -44,14 +44,14 @@ def test_the_packages_command_line_trains_a_project_that_is_not_the_template(tmp
             args = ["fit", f"--model={demo}.BoringModel", f"--data={demo}.BoringDataModule",
                     "--trainer.max_epochs=1", "--trainer.limit_train_batches=4",
                     "--trainer.limit_val_batches=1", "--trainer.accelerator=cpu"]
-            code = main([*args, *sys.argv[1:]], prog="python train.py")
+            code = main([*args, *sys.argv[1:]])
             assert not [m for m in sys.modules if m.split(".")[0] == "template"]
             sys.exit(code)
             """
         )
     )
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    run = [sys.executable, str(script)]
+    run = [sys.executable, "train.py"]
     result = subprocess.run(run, cwd=tmp_path, env=env, capture_output=True, text=True,
                             timeout=HANG_S)  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]

@@ -44,16 +44,14 @@ def decide(idle: dict[str, Any] | None, syncs: dict[str, Any] | None = None) -> 
     syncs_text = _syncs_seen(syncs, cuda)
 
     limit = cause_table.thresholds()
-    candidates = [
-        (cause.verdict, mean.get(f"idle_{cause.name}_ms"), _idle_text(cause, syncs))
-        for cause in cause_table.TABLE
-    ]
-    # The batch "transfer" less the copy is the host's work before the step (its hooks; on
-    # a CPU all of it: there is no copy to wait for): the host's, with its work between steps.
-    candidates = [
-        (verdict, _add(ms, _host_part(mean)) if verdict == "host" else ms, text)
-        for verdict, ms, text in candidates
-    ]
+    candidates = []
+    for cause in cause_table.TABLE:
+        ms = mean.get(f"idle_{cause.name}_ms")
+        if cause.verdict == "host":
+            # The batch "transfer" less the copy is the host's work before the step (its
+            # hooks; on a CPU all of it: no copy to wait for), with its work between steps.
+            ms = _add(ms, _host_part(mean))
+        candidates.append((cause.verdict, ms, _idle_text(cause, syncs)))
     candidates += [
         ("copies", mean.get("copy_ms") if cuda else None, _copies_text),
         *_slow_rank(idle.get("ranks") or []),

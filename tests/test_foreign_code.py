@@ -147,6 +147,9 @@ def test_the_lstm_demo_reads_its_prog_bar_loss_every_step(tmp_path, caplog):
     # self.log("train_loss", loss, prog_bar=True): Lightning converts it after every step.
     (site,) = steady_sites(detector)
     assert site.op == "Tensor.item()" and "LoggingStepProgressBar" in site.hint
+    # Named at the demo's own self.log line, the read's Lightning line as "via".
+    assert site.location.endswith("lightning/pytorch/demos/lstm.py:88"), site.location
+    assert site.code == 'self.log("train_loss", loss, prog_bar=True)' and "result.py" in site.via
 
 
 # -- modules in the common template style --------------------------------------------

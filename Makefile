@@ -119,7 +119,7 @@ bench: install
 
 compare: install
 	@test -n "$(A)" -a -n "$(B)" || { echo "error: say which runs: make compare A=runs/default/version_0 B=runs/default/version_1" >&2; exit 2; }
-	$(PY) -m gpu_busy.compare $(A) $(B) --threshold $(THRESHOLD) \
+	$(PY) -m gpu_busy.report.compare $(A) $(B) --threshold $(THRESHOLD) \
 	  $(if $(SYNC_THRESHOLD),--sync-threshold $(SYNC_THRESHOLD))
 
 lint: install

@@ -111,3 +111,25 @@ def unroute(loader: Any, layer: str = "prefetch") -> None:
         loader.__class__ = type(loader)._routing_base
         for name in ("_routing_iterator", "_routing_layers"):
             loader.__dict__.pop(name, None)
+
+
+class OnReadError(Iterator):
+    """A layer that passes items through and, when reading one fails (not the end of
+    the items), calls ``handle(error)`` before the error goes on up.
+
+    Example::
+
+        route_batches(loop, lambda items: OnReadError(items, save_if_stopping))
+    """
+
+    def __init__(self, items: Iterator, handle: Callable[[Exception], None]) -> None:
+        self._items, self._handle = items, handle
+
+    def __next__(self) -> Any:
+        try:
+            return next(self._items)
+        except StopIteration:
+            raise
+        except Exception as error:
+            self._handle(error)
+            raise

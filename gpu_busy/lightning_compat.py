@@ -81,6 +81,26 @@ def fetched_ahead(loop: Any) -> list:
     return batches if isinstance(batches, list) else []
 
 
+def batches_until_max_steps(trainer: pl.Trainer) -> int | None:
+    """Batches the training loop will still take this epoch before ``max_steps`` (None: no cap).
+
+    Automatic optimisation steps after every ``accumulate_grad_batches``-th batch of the
+    epoch and after its last batch; manual optimisation steps when the user says, so it
+    cannot be known ahead.
+    """
+    max_steps = trainer.max_steps
+    if max_steps is None or max_steps < 0 or not trainer.lightning_module.automatic_optimization:
+        return None
+    steps_left = max(0, max_steps - trainer.global_step)
+    accumulate = trainer.accumulate_grad_batches
+    done = trainer.fit_loop.epoch_loop.batch_progress.current.ready
+    last = (done // accumulate + steps_left) * accumulate
+    n = trainer.num_training_batches
+    if n != float("inf") and not trainer.strategy.handles_gradient_accumulation:
+        last = min(last, int(n))
+    return max(0, last - done)
+
+
 def combined_loader(loop: Any) -> Any | None:
     """The CombinedLoader a loop's fetcher iterates, or None before the loop has one."""
     # Private: loop._combined_loader (Lightning 2.0 to 2.6).

@@ -1,4 +1,4 @@
-"""python -m gpu_busy.compare: two runs side by side, and an exit status CI can gate on."""
+"""python -m gpu_busy.report.compare: two runs side by side, and an exit status CI can gate on."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import pytest
 from lightning.pytorch.loggers import CSVLogger
 
 from gpu_busy.callbacks import IdleTimeMonitor, RunSummary, SyncPointDetector
-from gpu_busy.compare import main
+from gpu_busy.report.compare import main
+from gpu_busy.report.files import SCHEMA_VERSION, write_report
 from tests.bound_runs import SyncFreeBlobClassifier
 from tests.foreign_modules import BlobClassifier, BlobData
 
@@ -54,9 +55,7 @@ def test_two_real_runs_before_and_after_a_sync_fix(tmp_path, capsys):
 
 
 def write_syncs(folder, per_batch: float) -> None:
-    (folder / "syncs.json").write_text(
-        json.dumps({"summary": {"steady_syncs_per_batch": per_batch}})
-    )
+    write_report(folder, "syncs", {"summary": {"steady_syncs_per_batch": per_batch}})
 
 
 def test_a_faster_run_with_more_syncs_passes_unless_the_syncs_gate_is_on(tmp_path, capsys):
@@ -73,8 +72,7 @@ def test_a_faster_run_with_more_syncs_passes_unless_the_syncs_gate_is_on(tmp_pat
 
 
 def write_run(folder, samples_per_s: float) -> str:
-    folder.mkdir()
-    (folder / "run.json").write_text(json.dumps({"samples_per_s": samples_per_s}))
+    write_report(folder, "run", {"samples_per_s": samples_per_s})
     return str(folder)
 
 
@@ -95,3 +93,16 @@ def test_a_folder_without_reports_is_one_line(tmp_path):
         main([str(tmp_path), str(tmp_path)])
     with pytest.raises(SystemExit, match="not a directory"):
         main([str(tmp_path / "missing"), str(tmp_path)])
+
+
+def test_a_run_file_of_a_newer_layout_is_refused_in_one_line(tmp_path):
+    a = write_run(tmp_path / "a", 100.0)
+    b = write_run(tmp_path / "b", 100.0)
+    path = tmp_path / "b" / "run.json"
+    path.write_text(json.dumps({"schema_version": SCHEMA_VERSION + 1, "samples_per_s": 1.0}))
+    with pytest.raises(SystemExit) as err:
+        main([a, b, "--picture", ""])
+    assert str(err.value) == (
+        f"error: {path} has schema_version {SCHEMA_VERSION + 1}, this gpu_busy reads up to "
+        f"{SCHEMA_VERSION}: compare with the gpu_busy that wrote it"
+    )

@@ -26,8 +26,8 @@ from lightning.pytorch.demos.lstm import LightningLSTM
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from gpu_busy.callbacks import StreamPrefetcher, SyncPointDetector
-from gpu_busy.compare import main as compare_main
 from gpu_busy.idle.causes import thresholds
+from gpu_busy.report.compare import main as compare_main
 from tests.conftest import DEFAULT, ROOT, run_entry_point
 from tests.foreign_modules import BlobClassifier, BlobData
 

@@ -19,12 +19,11 @@ from gpu_busy.idle import (
     StepTimer,
     TimedReads,
     analyze_trace,
-    build_report,
-    render_table,
-    save_picture,
 )
 from gpu_busy.idle.causes import names
 from gpu_busy.idle.intervals import gaps, merge, overlap_length, union_length
+from gpu_busy.report.idle import build_report, render_table
+from gpu_busy.report.picture import batch_breakdown
 from tests.conftest import DEBUG, DEFAULT, cli_main
 
 # -- intervals -----------------------------------------------------------------------
@@ -458,7 +457,7 @@ def test_a_callbacks_host_time_before_the_step_is_not_copy_time(scripted):
     assert step.idle_ms == 0.0
     stats = IdleStats()
     stats.add_step(step)
-    from gpu_busy.verdict import decide
+    from gpu_busy.report.verdict import decide
 
     mean = stats.means(cuda=True)
     verdict = decide({"clock": "cuda events", "mean": mean, "ranks": [mean]})
@@ -532,10 +531,10 @@ def test_report_gives_each_figures_rank_max_and_reads_na_for_gpu_figures_on_a_ho
     assert "2.50 ms (25.0%)" in text and "4.00 ms (40.0%)" in text  # idle: mean, rank max
     json.dumps(report)  # JSON-ready
     rows = {0: [[float(i), 0.5, 0.1, 9.0, 1.0, 0.0, 0.0, 0.5] for i in range(20)]}
-    path = save_picture(rows, tmp_path / "idle.png")
+    path = batch_breakdown(rows, tmp_path / "idle.png")
     assert path is not None and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # One timed batch and a host clock's causes only: still a picture of bars, not empty.
-    one = save_picture({0: rows[0][:1]}, tmp_path / "one.png", causes=("data_wait", "other"))
+    one = batch_breakdown({0: rows[0][:1]}, tmp_path / "one.png", causes=("data_wait", "other"))
     assert one is not None and one.stat().st_size > 10_000
 
 

@@ -7,7 +7,7 @@ import math
 
 import torch
 
-from gpu_busy.callbacks.nonfinite_loss import FirstNonFinite
+from gpu_busy.faults.nonfinite import FirstNonFinite
 from gpu_busy.syncs import assert_no_syncs
 from template.models import ImageClassifier
 from tests.conftest import DEBUG, DEFAULT, cli_main

@@ -3,6 +3,7 @@ of the metrics is what the code does."""
 
 from __future__ import annotations
 
+import ast
 import csv
 import json
 import os
@@ -270,3 +271,54 @@ def test_the_gpu_suite_fails_when_a_required_check_skips(tmp_path):
     assert (
         result.returncode == 0 and result.stdout.strip() == "required GPU checks: 1 run, 0 skipped"
     )
+
+
+def _import_graph() -> tuple[dict[str, set[str]], dict[str, set[str]]]:
+    """gpu_busy's modules -> the gpu_busy modules and the top-level packages each imports,
+    function-level (lazy) imports included."""
+    files = {}
+    for path in (ROOT / "gpu_busy").rglob("*.py"):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    inner = {m: set() for m in files}
+    outer = {m: set() for m in files}
+    for module, path in files.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            inner[module] |= {n for n in names if n in files and n != module}
+            outer[module] |= {n.split(".")[0] for n in names}
+    return inner, outer
+
+
+def test_layers_mechanisms_import_no_lightning_nor_the_report_layer_and_nothing_cycles():
+    inner, outer = _import_graph()
+    mechanisms = [m for m in inner if f"{m}.".split(".")[1] in MECHANISMS]
+    assert len(mechanisms) > 20
+    for m in mechanisms:
+        assert "lightning" not in outer[m], m
+        upward = {n for n in inner[m] if f"{n}.".split(".")[1] in ("report", "callbacks", "cli")}
+        assert not upward, (m, upward)
+    for m in inner:
+        if m.startswith("gpu_busy.report"):
+            assert not {n for n in inner[m] if n.startswith("gpu_busy.callbacks")}, m
+
+    def reach(start: str) -> set[str]:
+        seen, todo = set(), [start]
+        while todo:
+            for n in inner[todo.pop()] - seen:
+                seen.add(n)
+                todo.append(n)
+        return seen
+
+    assert [m for m in inner if m in reach(m)] == []
+
+
+MECHANISMS = (
+    "idle", "syncs", "faults", "resume", "prefetch", "batch_routing", "window_sums",
+    "event_pool", "cuda_sync_warnings",
+)  # fmt: skip

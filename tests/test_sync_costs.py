@@ -144,7 +144,7 @@ def test_an_item_behind_queued_work_costs_that_work_and_the_host_gap_after_it():
 
 
 def test_the_cost_line_gives_the_total_with_its_threshold_or_says_na():
-    from gpu_busy.callbacks.sync_point_detector import _cost_line
+    from gpu_busy.report.syncs import _cost_line
 
     gpu = {"sync_idle_ms_per_batch": 1.5, "sync_idle_share": 0.1, "sync_host_ms_per_batch": 3.0}
     assert _cost_line(gpu) == (

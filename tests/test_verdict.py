@@ -12,7 +12,7 @@ from lightning.pytorch.loggers import CSVLogger
 
 from gpu_busy.callbacks import IdleTimeMonitor, RunSummary, SyncPointDetector
 from gpu_busy.idle.causes import thresholds
-from gpu_busy.verdict import decide
+from gpu_busy.report.verdict import decide
 from tests.bound_runs import SlowBlobData, WideBlobClassifier
 from tests.foreign_modules import BlobClassifier, BlobData
 
@@ -160,9 +160,10 @@ def test_a_cause_added_to_the_table_reaches_the_report_verdict_and_compare(
     tmp_path, monkeypatch, capsys
 ):
     """One row in gpu_busy.idle.causes, and every reader names it: nothing else to edit."""
-    from gpu_busy.compare import main as compare
     from gpu_busy.idle import causes
-    from gpu_busy.idle.report import render_table
+    from gpu_busy.report.compare import main as compare
+    from gpu_busy.report.files import write_report
+    from gpu_busy.report.idle import render_table
 
     paging = causes.Cause(
         "page_faults", "page faults", "paging", 0.05, True, "#000000",
@@ -180,8 +181,7 @@ def test_a_cause_added_to_the_table_reaches_the_report_verdict_and_compare(
     assert causes.split_gap(3.0, {}, {"page_faults": True})["page_faults"] == 3.0
     runs = []
     for name in ("a", "b"):
-        (tmp_path / name).mkdir()
-        (tmp_path / name / "idle.json").write_text(json.dumps(report))
+        write_report(tmp_path / name, "idle", report)
         runs.append(str(tmp_path / name))
     compare([*runs, "--picture", ""])
     assert "  idle: page faults" in capsys.readouterr().out

@@ -39,13 +39,10 @@ from gpu_busy.idle import (
     StepTimer,
     SyncMarks,
     TimedReads,
-    build_report,
-    causes,
-    render_table,
-    save_picture,
 )
 from gpu_busy.idle.profiler_windows import torch_profiler
 from gpu_busy.log import get_logger
+from gpu_busy.report import idle as idle_report
 
 log = get_logger(__name__)
 
@@ -228,33 +225,18 @@ class IdleTimeMonitor(pl.Callback):
         traces = [t for ts in gather_objects(trainer, self.windows.results) for t in ts]
         if not trainer.is_global_zero:
             return
-        report = build_report(
+        self.report, lines = idle_report.end_of_fit(
             per_rank,
+            series,
             cuda=self.timer.is_cuda,
             clock=self.timer.clock,
             traces=traces,
             warmup_steps=self.warmup_steps,
+            trace_overhead_s=self.windows.seconds,
+            folder=self._run_dir,
+            picture=self.picture,
         )
-        report["trace_overhead_s"] = self.windows.seconds
-        picture = None
-        if self.picture and self._run_dir is not None:
-            self._run_dir.mkdir(parents=True, exist_ok=True)
-            cuda = self.timer.is_cuda
-            picture = save_picture(
-                dict(enumerate(series)),
-                self._run_dir / "idle.png",
-                title=f"per batch, mean over {trainer.world_size} rank(s) ({self.timer.clock})",
-                causes=tuple(c.name for c in causes.TABLE if cuda or c.on_host_clock),
-            )
-        report["picture"] = str(picture) if picture else None
-        self.report = report
-        lines = render_table(report)
-        if self._run_dir is not None:
-            lines.append(
-                f"idle report: {self._run_dir / 'idle.json'}"
-                + (f", picture {picture}" if picture else "")
-            )
-        publish(trainer, "idle", report, lines, self._run_dir)
+        publish(trainer, "idle", self.report, lines, self._run_dir)
 
     def on_exception(self, trainer, pl_module, exception) -> None:
         self._cleanup()

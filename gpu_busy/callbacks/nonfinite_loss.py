@@ -22,42 +22,9 @@ import lightning.pytorch as pl
 import torch
 
 from gpu_busy import lightning_compat as compat
+from gpu_busy.faults.nonfinite import FirstNonFinite
 from gpu_busy.faults.training_stopped import TrainingStopped
 from gpu_busy.syncs import allow_syncs
-
-
-class FirstNonFinite:
-    """Device-side record of the first update whose value was not finite. No host reads.
-
-    Example::
-
-        watch = FirstNonFinite()
-        for loss in losses:
-            watch.update(loss)
-        watch.first()      # one read: the index of the first NaN/Inf update, or None
-    """
-
-    def __init__(self) -> None:
-        self._seen: torch.Tensor | None = None  # updates so far, on the device
-        self._first: torch.Tensor | None = None  # first bad index, -1 while none
-
-    def update(self, value: torch.Tensor) -> None:
-        value = value.detach()
-        if self._seen is None or self._seen.device != value.device:
-            self._seen = torch.zeros((), dtype=torch.long, device=value.device)
-            self._first = torch.full((), -1, dtype=torch.long, device=value.device)
-        bad = ~torch.isfinite(value).all()
-        self._first = torch.where(bad & (self._first < 0), self._seen, self._first)
-        self._seen += 1
-
-    def first_tensor(self) -> torch.Tensor | None:
-        return self._first
-
-    def first(self) -> int | None:
-        if self._first is None:
-            return None
-        index = int(self._first.item())
-        return None if index < 0 else index
 
 
 class StopOnNonFiniteLoss(pl.Callback):

@@ -26,14 +26,11 @@ import torch
 import torch.distributed as dist
 
 from gpu_busy import lightning_compat as compat
-from gpu_busy.faults.peer_watch import PeerWatch
+from gpu_busy.faults.peer_watch import PeerWatch, lost_a_peer
 from gpu_busy.faults.training_stopped import TrainingStopped
 from gpu_busy.log import get_logger
 
 log = get_logger(__name__)
-
-# Messages of a collective whose peer went away (gloo's TCP transport, NCCL).
-_LOST_PEER_HINTS = ("Connection closed by peer", "Connection reset by peer", "NCCL", "gloo")
 
 
 class StopOnRankFailure(pl.Callback):
@@ -96,7 +93,7 @@ class StopOnRankFailure(pl.Callback):
             watch.finish()  # every rank stops together: not a failure
             return
         peer = watch.wait_for_peer_failure(0)
-        if peer is None and _lost_a_peer(exception):
+        if peer is None and lost_a_peer(exception):
             # The collective failed because some rank went away: wait for the watch to say
             # which, rather than blame this rank.
             peer = watch.wait_for_peer_failure(self.peer_timeout + 2 * self.poll_interval)
@@ -134,8 +131,3 @@ class StopOnRankFailure(pl.Callback):
             if proc.poll() is None:
                 proc.kill()
         os._exit(1)
-
-
-def _lost_a_peer(exception: BaseException) -> bool:
-    text = f"{type(exception).__name__} {exception}"
-    return isinstance(exception, dist.DistError) or any(h in text for h in _LOST_PEER_HINTS)

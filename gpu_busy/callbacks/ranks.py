@@ -13,7 +13,6 @@ Example::
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -22,29 +21,12 @@ import torch
 
 from gpu_busy import lightning_compat as compat
 from gpu_busy.log import get_logger
+from gpu_busy.report.files import write_report
+from gpu_busy.report.held import HeldReports
 from gpu_busy.syncs import allow_syncs
 from gpu_busy.window_sums import mean_and_max
 
 log = get_logger(__name__)
-
-# The version of the layout of idle.json, syncs.json, prefetch.json and run.json: raised
-# when a key changes meaning or goes, so a CI threshold script can tell.
-SCHEMA_VERSION = 3
-
-# Reports held back for the end-of-fit output, by trainer: RunSummary prints them under
-# its verdict line, so that the output starts with what bounds the run.
-_HELD: dict[int, list[tuple[str, dict, list[str]]]] = {}
-
-
-def hold_reports(trainer: pl.Trainer) -> None:
-    """From now on ``publish`` writes its files at once and keeps its lines for
-    ``held_reports`` (rank zero)."""
-    _HELD[id(trainer)] = []
-
-
-def held_reports(trainer: pl.Trainer) -> list[tuple[str, dict, list[str]]]:
-    """The (name, report, lines) published since ``hold_reports``, and stop holding."""
-    return _HELD.pop(id(trainer), [])
 
 
 def gather_rows(trainer: pl.Trainer, row: list[float]) -> list[list[float]]:
@@ -101,23 +83,17 @@ def run_dir(trainer: pl.Trainer) -> Path | None:
 def publish(
     trainer: pl.Trainer, name: str, report: dict, lines: list[str], folder: Path | None = None
 ) -> Path | None:
-    """Rank zero writes ``report`` to ``<run dir>/<name>.json`` and logs ``lines`` (or holds
-    them: ``hold_reports``).
+    """Rank zero writes ``report`` to ``<folder>/<name>.json`` and logs ``lines``, or hands
+    them to a callback's ``held_reports`` that is holding them (``RunSummary``).
 
     ``folder`` is the run directory, asked for earlier on every rank (``run_dir``); None
     writes no file. Returns the file written.
     """
     if not trainer.is_global_zero:
         return None
-    path = None
-    if folder is not None:
-        folder.mkdir(parents=True, exist_ok=True)
-        path = folder / f"{name}.json"
-        path.write_text(json.dumps({"schema_version": SCHEMA_VERSION, **report}, indent=1))
-    held = _HELD.get(id(trainer))
-    if held is not None:
-        held.append((name, report, lines))
-    else:
+    path = write_report(folder, name, report) if folder is not None else None
+    holders = [c.held_reports for c in trainer.callbacks if hasattr(c, "held_reports")]
+    if not any(isinstance(h, HeldReports) and h.hold(name, report, lines) for h in holders):
         for line in lines:
             log.info("%s", line)
     return path

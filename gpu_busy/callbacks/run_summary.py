@@ -1,12 +1,12 @@
 """The end-of-fit output, written once by rank zero: a verdict line, the reports, a summary.
 
 The other callbacks' reports (prefetch, sync points, idle time) are held back during fit
-and printed here, under one line that says what bounds the run (``gpu_busy.verdict``,
+and printed here, under one line that says what bounds the run (``gpu_busy.report.verdict``,
 from the idle and sync reports), then a one-paragraph summary. Figures are reduced over
 all ranks first (on every rank, so the collective never sits inside a rank-zero-only
 function). The score it reports is the one the best-checkpoint callback monitors
 (``ModelCheckpoint(monitor=...)``), so the metric that judges a run is named in one place.
-Throughput goes to ``run.json`` for ``python -m gpu_busy.compare``.
+Throughput goes to ``run.json`` for ``python -m gpu_busy.report.compare``.
 
 Example::
 
@@ -26,9 +26,10 @@ from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities.data import extract_batch_size
 
-from gpu_busy.callbacks.ranks import gather_rows, held_reports, hold_reports, publish, run_dir
+from gpu_busy.callbacks.ranks import gather_rows, publish, run_dir
 from gpu_busy.log import get_logger
-from gpu_busy.verdict import decide
+from gpu_busy.report import run as run_report
+from gpu_busy.report.held import HeldReports
 
 log = get_logger(__name__)
 
@@ -44,12 +45,13 @@ class RunSummary(pl.Callback):
         self._val_seconds = 0.0
         self._summary: tuple[dict, str] | None = None  # (run.json, the paragraph)
         self._run_dir = None
+        self.held_reports = HeldReports()  # the other callbacks' reports (ranks.publish)
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._samples, self._val_seconds, self._summary = 0, 0.0, None
         self._fit_start = time.perf_counter()
         if trainer.is_global_zero:
-            hold_reports(trainer)
+            self.held_reports.start()
         # trainer.log_dir is broadcast from rank zero: the same directory on every rank.
         log_dir = trainer.log_dir
         self._run_dir = run_dir(trainer)
@@ -81,55 +83,29 @@ class RunSummary(pl.Callback):
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         elapsed = time.perf_counter() - self._fit_start
         rows = gather_rows(trainer, [self._samples, elapsed - self._val_seconds])
-        countable = all(r[0] >= 0 for r in rows)
-        samples = int(sum(r[0] for r in rows))
-        train_seconds = max(max(r[1] for r in rows), 1e-9)  # the longest of the ranks
-        steps = trainer.global_step - self._first_step
-        resumed = f", resumed at step {self._first_step}" if self._first_step else ""
-        run = {
-            "seconds": elapsed,
-            "train_seconds": train_seconds,
-            "steps": steps,
-            "world_size": trainer.world_size,
-            "samples": samples if countable else None,
-            "samples_per_s": samples / train_seconds if countable else None,
-            "steps_per_s": steps / train_seconds,
-        }
-        rate = (
-            f"{samples:,} samples, {samples / train_seconds:,.0f} samples/s while training"
-            if countable
-            else f"{steps / train_seconds:,.2f} steps/s while training"
-        )
-        parts = [
-            f"fit done in {elapsed:.1f} s: {trainer.current_epoch} epoch(s), {steps} steps"
-            f"{resumed} over {trainer.world_size} process(es), {rate}"
-        ]
-        if self._first_step and trainer.ckpt_path:
-            parts.append(f"earlier steps: see the run that wrote {trainer.ckpt_path}")
         best = _best_checkpoint(trainer)
-        if best is not None:
-            score = trainer.callback_metrics.get(best.monitor)
-            if score is not None:
-                parts.append(f"{best.monitor} {float(score):.4f}")
-            if best.best_model_path:
-                parts.append(f"best checkpoint {best.best_model_path}")
-        self._summary = (run, "; ".join(parts))
+        score = trainer.callback_metrics.get(best.monitor) if best else None
+        self._summary = run_report.summary(
+            rows,
+            elapsed=elapsed,
+            steps=trainer.global_step - self._first_step,
+            epochs=trainer.current_epoch,
+            first_step=self._first_step,
+            resumed_from=trainer.ckpt_path,
+            best=(best.monitor, None if score is None else float(score), best.best_model_path)
+            if best
+            else None,
+        )
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         """After every callback's on_fit_end: the verdict, the held reports, the summary."""
-        held = held_reports(trainer)
+        held = self.held_reports.take()
         if stage != "fit" or not trainer.is_global_zero:
             return
-        reports = {name: report for name, report, _ in held}
-        if self._summary is not None and "idle" in reports:
-            verdict = decide(reports["idle"], reports.get("syncs"))
-            log.info("%s", verdict.line)
-            self._summary[0]["verdict"] = {"cause": verdict.cause, "share": verdict.share}
-        for _, _, lines in held:
-            for line in lines:
-                log.info("%s", line)
-        if self._summary is not None:
-            run, paragraph = self._summary
+        run, paragraph = self._summary or (None, None)
+        for line in run_report.under_verdict(held, run):
+            log.info("%s", line)
+        if run is not None:
             self._summary = None
             publish(trainer, "run", run, [paragraph], self._run_dir)
 

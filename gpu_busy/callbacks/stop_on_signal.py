@@ -19,16 +19,14 @@ Example::
 from __future__ import annotations
 
 import signal
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import lightning.pytorch as pl
 import torch
 
 from gpu_busy import batch_routing
 from gpu_busy import lightning_compat as compat
-from gpu_busy.faults.stop_request import StopRequest
+from gpu_busy.faults.stop_request import StopRequest, signal_name
 from gpu_busy.faults.training_stopped import TrainingStopped
 from gpu_busy.log import get_logger
 from gpu_busy.syncs import allow_syncs
@@ -87,12 +85,20 @@ class StopOnSignal(pl.Callback):
         trainer = loop.trainer
         if trainer.world_size > 1:
             return
+        on_error = lambda _: self._workers_died(trainer)  # noqa: E731
         loader = batch_routing.route_batches(
-            loop, lambda items: _SaveIfWorkersDie(items, self, trainer), layer=_LAYER,
+            loop,
+            lambda items: batch_routing.OnReadError(items, on_error),
+            layer=_LAYER,
             position=-1,
-        )  # fmt: skip
+        )
         if loader is not None and loader not in self._routed:
             self._routed.append(loader)
+
+    def _workers_died(self, trainer: pl.Trainer) -> None:
+        # The workers went with the signal; the last finished step is intact.
+        if self.request.signum is not None:
+            self._save_and_stop(trainer, self.request.signum)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         signum = self._agreed_signal(trainer)
@@ -115,7 +121,7 @@ class StopOnSignal(pl.Callback):
 
     def _save_and_stop(self, trainer: pl.Trainer, signum: int) -> None:
         path = _last_checkpoint_path(trainer)
-        name = _signal_name(signum)
+        name = signal_name(signum)
         log.info("%s received: saving %s at step %d", name, path, trainer.global_step)
         trainer.save_checkpoint(path, weights_only=False)  # all ranks: zero writes, all wait
         self._stopped = True
@@ -158,34 +164,9 @@ class StopOnSignal(pl.Callback):
 _LAYER = "stop-on-signal"
 
 
-class _SaveIfWorkersDie(Iterator):
-    def __init__(self, items: Iterator, callback: StopOnSignal, trainer: pl.Trainer) -> None:
-        self._items, self._callback, self._trainer = items, callback, trainer
-
-    def __next__(self) -> Any:
-        try:
-            return next(self._items)
-        except StopIteration:
-            raise
-        except Exception:
-            signum = self._callback.request.signum
-            if signum is None:
-                raise
-            # The workers went with the signal; the last finished step is intact.
-            self._callback._save_and_stop(self._trainer, signum)
-            raise
-
-
 def _last_checkpoint_path(trainer: pl.Trainer) -> Path:
     """``last.ckpt`` where the run's ModelCheckpoint writes, which ``--ckpt_path last`` finds."""
     for callback in trainer.checkpoint_callbacks:
         if getattr(callback, "dirpath", None):
             return Path(callback.dirpath) / "last.ckpt"
     return Path(trainer.log_dir or trainer.default_root_dir) / "checkpoints" / "last.ckpt"
-
-
-def _signal_name(signum: int) -> str:
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return f"signal {signum}"

@@ -31,6 +31,7 @@ from gpu_busy import lightning_compat as compat
 from gpu_busy.callbacks.ranks import gather_rows, log_metrics, over_ranks, publish, run_dir
 from gpu_busy.log import get_logger
 from gpu_busy.prefetch import PrefetchIterator, PrefetchStats, StreamCopier
+from gpu_busy.report import prefetch as prefetch_report
 
 log = get_logger(__name__)
 
@@ -131,7 +132,7 @@ class StreamPrefetcher(pl.Callback):
             # look-ahead for loaders without a length).
             length, fetched, lookahead = compat.fetcher_counts(loop)
             ends = [] if length is None else [length]
-            if training and (left := _batches_until_max_steps(trainer)) is not None:
+            if training and (left := compat.batches_until_max_steps(trainer)) is not None:
                 ends.append(
                     trainer.fit_loop.epoch_loop.batch_progress.current.ready + left + lookahead
                 )
@@ -166,24 +167,10 @@ class StreamPrefetcher(pl.Callback):
         total = PrefetchStats()
         for stats in per_rank:
             total.add(stats)
-        self.report = {**total.means(), **total.counts()}
         folder = run_dir(trainer)  # every rank asks: a broadcast under DDP
-        if not total.batches:
-            return
-        m = total.means()
-        lines = [
-            f"prefetch: {total.batches} batches; copy {_fmt(m['copy_ms'], ' ms')}/batch, "
-            f"{_fmt(m['exposed_copy_ms'], ' ms')} exposed, {_fmt(m['hidden_copy_pct'], '%')} "
-            "hidden"
-        ]
-        if total.pageable_batches:
-            lines.append(f"prefetch: {total.pageable_batches} batches arrived unpinned")
-        if total.unmoved_batches:
-            lines.append(
-                f"prefetch: off for {total.unmoved_batches} of {total.batches} batches: they "
-                "move themselves with .to(), so Lightning copied them on the compute stream"
-            )
-        publish(trainer, "prefetch", self.report, lines, folder)
+        self.report, lines = prefetch_report.end_of_fit(total)
+        if total.batches:
+            publish(trainer, "prefetch", self.report, lines, folder)
 
     @staticmethod
     def _per_rank(trainer: pl.Trainer, stats: PrefetchStats) -> list[PrefetchStats]:
@@ -192,27 +179,3 @@ class StreamPrefetcher(pl.Callback):
 
 def _device(trainer: pl.Trainer) -> torch.device:
     return trainer.strategy.root_device
-
-
-def _batches_until_max_steps(trainer: pl.Trainer) -> int | None:
-    """Batches the training loop will still take this epoch before ``max_steps`` (None: no cap).
-
-    Automatic optimisation steps after every ``accumulate_grad_batches``-th batch of the
-    epoch and after its last batch; manual optimisation steps when the user says, so it
-    cannot be known ahead.
-    """
-    max_steps = trainer.max_steps
-    if max_steps is None or max_steps < 0 or not trainer.lightning_module.automatic_optimization:
-        return None
-    steps_left = max(0, max_steps - trainer.global_step)
-    accumulate = trainer.accumulate_grad_batches
-    done = trainer.fit_loop.epoch_loop.batch_progress.current.ready
-    last = (done // accumulate + steps_left) * accumulate
-    n = trainer.num_training_batches
-    if n != float("inf") and not trainer.strategy.handles_gradient_accumulation:
-        last = min(last, int(n))
-    return max(0, last - done)
-
-
-def _fmt(value: float | None, unit: str = "") -> str:
-    return "n/a" if value is None else f"{value:.2f}{unit}"

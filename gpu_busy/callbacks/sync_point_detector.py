@@ -22,34 +22,21 @@ from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import asdict, dataclass
 
 import lightning.pytorch as pl
 
 from gpu_busy import lightning_compat as compat
 from gpu_busy.callbacks.ranks import gather_objects, gather_rows, log_metrics, publish, run_dir
-from gpu_busy.idle.causes import thresholds
 from gpu_busy.log import get_logger
+from gpu_busy.report import syncs as syncs_report
 from gpu_busy.syncs.detector import SyncDetector
 from gpu_busy.syncs.rules import DDP_USED_MAP
-from gpu_busy.syncs.sampling import WatchSchedule
+from gpu_busy.syncs.sampling import WatchedSums, WatchSchedule
 from gpu_busy.syncs.sites import SyncSiteTable, github_annotations, in_github_actions
-from gpu_busy.window_sums import WindowSums
 
 log = get_logger(__name__)
 
 _MAX_ROWS = 64  # per-step counts sent per logging window (a fixed size for all_gather)
-
-
-@dataclass
-class WatchedSums(WindowSums):
-    """Watched steps and the syncs in them, all and steady (neither a logging step nor
-    right after one)."""
-
-    watched: int = 0
-    syncs: int = 0
-    steady_watched: int = 0
-    steady_syncs: int = 0
 
 
 class SyncPointDetector(pl.Callback):
@@ -259,8 +246,7 @@ class SyncPointDetector(pl.Callback):
             *[0.0] * (_MAX_ROWS - len(rows)),
         ]
         gathered = gather_rows(trainer, own)
-        # Every rank watched the same steps; the costliest rank's figures set the schedule.
-        watched_s, plain_s = _costliest(gathered)
+        watched_s, plain_s = WatchSchedule.costliest([(r[2], r[3]) for r in gathered])
         self.schedule.update(watched_s, plain_s)
         self._costs = (watched_s, plain_s)
         if not self.log_stats:
@@ -289,33 +275,19 @@ class SyncPointDetector(pl.Callback):
         for row in gather_rows(trainer, self.totals.as_list()):
             totals.add(WatchedSums.from_list(row))
         self.table = merged
-        self.report = self._summary(trainer, totals)
         folder = run_dir(trainer)  # every rank asks: a broadcast under DDP
-        # A watched "step" is one training batch: under gradient accumulation, fewer
-        # optimizer steps than batches.
-        optimizer = trainer.global_step - self._first_global_step
-        steps = f" ({optimizer} optimizer steps)" if optimizer != self._step else ""
-        headline = (
-            f"sync points: {self.report['watched_batches']} of {self._step} training batches "
-            f"watched{steps}; {_number(self.report['syncs_per_batch'])} syncs/batch, "
-            f"{_number(self.report['steady_syncs_per_batch'])} in steady state (not logging "
-            f"steps); {_cost(self.report)}"
+        report, lines = syncs_report.end_of_fit(
+            merged,
+            totals,
+            world_size=trainer.world_size,
+            batches=self._step,
+            optimizer_steps=trainer.global_step - self._first_global_step,
+            costs=self._costs,
+            budget=self.schedule.budget,
+            interval=self.schedule.interval,
+            fit_seconds=time.perf_counter() - self._fit_start,
         )
-        watched = totals.watched if merged.costs else None
-        step_ms = self.report["step_ms"]
-        sites = [
-            {
-                **row,
-                "location": s.location,  # as printed: relative, or inside site-packages
-                "idle_after_ms_per_batch": s.idle_per_batch(watched) if watched else None,
-                "host_ms_per_batch": s.host_per_batch(watched) if watched else None,
-            }
-            for s in merged.ranked(watched)
-            for row in [asdict(s)]
-        ]
-        report = {"summary": self.report, "sites": sites}
-        lines = [headline] + ([_cost_line(self.report)] if merged.sites else [])
-        lines += merged.render(watched=watched, step_ms=step_ms)
+        self.report = report["summary"]
         publish(trainer, "syncs", report, lines, folder)
         annotations = github_annotations(list(merged.sites.values()))
         if trainer.is_global_zero and in_github_actions() and annotations:
@@ -323,82 +295,6 @@ class SyncPointDetector(pl.Callback):
             # progress bar may have left the cursor mid-line).
             print("", *annotations, sep="\n", flush=True)
 
-    def _summary(self, trainer, totals: WatchedSums) -> dict:
-        watched_s, plain_s = self._costs
-        ratio = WatchSchedule.overhead(watched_s, plain_s)
-        amortised = None
-        if ratio is not None:
-            # watched steps per rank x their extra time, against this fit's wall time
-            extra_s = totals.watched / trainer.world_size * ratio * plain_s
-            amortised = extra_s / max(1e-9, time.perf_counter() - self._fit_start)
-        step_ms = 1e3 * plain_s if plain_s else None
-        costs = None
-        if self.table.costs and totals.watched:
-            costs = [
-                sum(getattr(s, name) for s in self.table.sites.values()) / totals.watched
-                for name in ("idle_after_ms", "host_ms")
-            ]
-        return {
-            "watched_batches": int(totals.watched / trainer.world_size),
-            "steady_watched_batches": int(totals.steady_watched / trainer.world_size),
-            "batches": self._step,
-            "syncs_per_batch": _ratio(totals.syncs, totals.watched),
-            "steady_syncs_per_batch": _ratio(totals.steady_syncs, totals.steady_watched),
-            "watched_batch_overhead": ratio,
-            "amortised_overhead": amortised,
-            "interval": self.schedule.interval,
-            "budget": self.schedule.budget,
-            "sites": len(self.table.sites),
-            "step_ms": step_ms,  # a batch's wall time when not watched
-            # GPU idle after syncs and the host's wait in them, per watched batch (None: CPU)
-            "sync_idle_ms_per_batch": costs[0] if costs else None,
-            "sync_idle_share": costs[0] / step_ms if costs and step_ms else None,
-            "sync_host_ms_per_batch": costs[1] if costs else None,
-        }
-
-
-def _costliest(rows: list[list[float]]) -> tuple[float | None, float | None]:
-    """(watched, plain) step seconds of the rank where watching costs most (NaN: none)."""
-    both = [(r[2], r[3]) for r in rows if r[2] == r[2] and r[3] == r[3] and r[3] > 0]
-    if both:
-        return max(both, key=lambda wp: WatchSchedule.overhead(*wp))
-    watched = [r[2] for r in rows if r[2] == r[2]]  # NaN != NaN: not sampled on that rank
-    return (max(watched) if watched else None), None
-
 
 def _or_nan(x: float | None) -> float:
     return float("nan") if x is None else x
-
-
-def _ratio(a: float, b: float) -> float | None:
-    return a / b if b else None
-
-
-def _number(x: float | None) -> str:
-    return "n/a" if x is None else f"{x:.2f}"
-
-
-def _cost_line(report: dict) -> str:
-    """What all syncs together cost the GPU: the most removing every one could gain."""
-    idle = report.get("sync_idle_ms_per_batch")
-    if idle is None:
-        return "  cost of the syncs: n/a (no GPU queue on this machine; ranked by count)"
-    share = report.get("sync_idle_share")
-    pct = "n/a" if share is None else f"{100 * share:.1f}%"
-    return (
-        f"  cost of the syncs: {idle:.3f} ms of GPU idle after them per batch ({pct} of a "
-        f"step; removing every one gains at most that; worth it above "
-        f"{100 * thresholds()['syncs']:.0f}%), host waited "
-        f"{report['sync_host_ms_per_batch']:.3f} ms in them"
-    )
-
-
-def _cost(report: dict) -> str:
-    w, a = report.get("watched_batch_overhead"), report.get("amortised_overhead")
-    if w is None:
-        return "overhead not measured (too few batches to compare)"
-    amort = "n/a" if a is None else f"{100 * a:.2f}%"
-    over = ""
-    if a is not None and a > report["budget"]:
-        over = f", over the {100 * report['budget']:.0f}% budget: the fit was too short"
-    return f"a watched batch costs +{100 * w:.0f}%, amortised {amort} of fit time{over}"

@@ -28,6 +28,8 @@ import threading
 import time
 from collections.abc import Callable
 
+import torch.distributed as dist
+
 FAILED = "failed"
 
 
@@ -191,3 +193,13 @@ def _parse(value: bytes | str) -> tuple[int, str]:
     text = value.decode() if isinstance(value, bytes) else value
     rank, _, reason = text.partition("|")
     return int(rank), reason
+
+
+# Messages of a collective whose peer went away (gloo's TCP transport, NCCL).
+_LOST_PEER_HINTS = ("Connection closed by peer", "Connection reset by peer", "NCCL", "gloo")
+
+
+def lost_a_peer(exception: BaseException) -> bool:
+    """Whether a collective failed because a peer went away (rather than on this rank)."""
+    text = f"{type(exception).__name__} {exception}"
+    return isinstance(exception, dist.DistError) or any(h in text for h in _LOST_PEER_HINTS)

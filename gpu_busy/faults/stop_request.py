@@ -63,7 +63,7 @@ class StopRequest:
 
     @property
     def name(self) -> str:
-        return signal.Signals(self.signum).name if self.signum is not None else ""
+        return signal_name(self.signum) if self.signum is not None else ""
 
     def install(self) -> bool:
         """Take over SIGTERM and SIGINT; False (nothing done) off the main thread."""
@@ -109,3 +109,11 @@ class StopRequest:
             )
         if self.signum is None:
             self.signum = signum
+
+
+def signal_name(signum: int) -> str:
+    """``SIGTERM`` for 15; ``signal 99`` for a number with no name."""
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"

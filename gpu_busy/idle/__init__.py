@@ -6,7 +6,6 @@
   apart and gaps classified (HTA's host-wait definition);
 - ``ProfilerWindows``: profiler windows now and then, saved and analysed;
 - ``IdleStats`` / ``StepSeries``: window sums that ranks can reduce, and a per-step series;
-- ``build_report`` / ``render_table`` / ``save_picture``: the end-of-run report;
 - ``causes``: the table of idle causes everything above reads, and ``split_gap``.
 
 Example::
@@ -16,7 +15,6 @@ Example::
 """
 
 from gpu_busy.idle.profiler_windows import ProfilerUnavailable, ProfilerWindows
-from gpu_busy.idle.report import build_report, render_table, save_picture
 from gpu_busy.idle.stats import IdleStats, StepSeries
 from gpu_busy.idle.step_timer import StepTimer, StepTiming, TimedReads
 from gpu_busy.idle.sync_marks import SyncMarks
@@ -34,7 +32,4 @@ __all__ = [
     "TimedReads",
     "TraceIdle",
     "analyze_trace",
-    "build_report",
-    "render_table",
-    "save_picture",
 ]

@@ -22,6 +22,20 @@ from __future__ import annotations
 import math
 import statistics
 from collections import deque
+from dataclasses import dataclass
+
+from gpu_busy.window_sums import WindowSums
+
+
+@dataclass
+class WatchedSums(WindowSums):
+    """Watched steps and the syncs in them, all and steady (neither a logging step nor
+    right after one)."""
+
+    watched: int = 0
+    syncs: int = 0
+    steady_watched: int = 0
+    steady_syncs: int = 0
 
 
 class WatchSchedule:
@@ -114,3 +128,14 @@ class WatchSchedule:
         if watched_s is None or not plain_s:
             return None
         return max(0.0, watched_s - plain_s) / plain_s
+
+    @classmethod
+    def costliest(cls, ranks: list[tuple[float, float]]) -> tuple[float | None, float | None]:
+        """The (watched, plain) step seconds of the rank where watching costs most, from
+        every rank's ``estimate()`` (NaN for None, as gathered): every rank watched the same
+        steps, so the costliest sets the schedule."""
+        both = [(w, p) for w, p in ranks if w == w and p == p and p > 0]  # NaN != NaN
+        if both:
+            return max(both, key=lambda wp: cls.overhead(*wp))
+        watched = [w for w, _ in ranks if w == w]
+        return (max(watched) if watched else None), None

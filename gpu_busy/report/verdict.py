@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import gpu_busy.idle.causes as cause_table
-from gpu_busy.idle.report import untimed
+from gpu_busy.report.idle import untimed
 
 
 @dataclass(frozen=True)

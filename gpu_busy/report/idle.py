@@ -1,18 +1,15 @@
 """The end-of-run idle report: one table, one JSON-ready dict, one picture, for all ranks.
 
 ``build_report`` takes each rank's whole-run ``IdleStats`` (and the analysed profiler
-windows) and returns a JSON-ready dict: the mean over ranks, the largest value any rank
-had (``rank_max``, per figure: the straggler), and every rank's own figures with its rank.
-``render_table`` prints it; ``save_picture`` draws the per-step time breakdown
-(matplotlib; returns None where it is not installed).
+windows) and returns ``idle.json``'s contents: the mean over ranks, the largest value any
+rank had (``rank_max``, per figure: the straggler), and every rank's own figures with its
+rank. ``render_table`` prints it; ``end_of_fit`` adds the picture and the lines to print.
 
 Example::
 
     report = build_report([stats_rank0, stats_rank1], cuda=True, clock="cuda events")
     for line in render_table(report):
         print(line)
-    Path("idle.json").write_text(json.dumps(report))
-    save_picture({0: series.rows}, "idle.png", title="default/version_3")
 """
 
 from __future__ import annotations
@@ -21,8 +18,45 @@ from pathlib import Path
 from typing import Any
 
 import gpu_busy.idle.causes as cause_table
-from gpu_busy.idle.stats import IdleStats, StepSeries
+from gpu_busy.idle.stats import IdleStats
+from gpu_busy.report.files import IdleReport
+from gpu_busy.report.picture import batch_breakdown
 from gpu_busy.window_sums import mean_and_max
+
+
+def end_of_fit(
+    per_rank: list[IdleStats],
+    series: list[list[list[float]]],
+    *,
+    cuda: bool,
+    clock: str,
+    traces: list[dict],
+    warmup_steps: int,
+    trace_overhead_s: float,
+    folder: Path | None,
+    picture: bool,
+) -> tuple[IdleReport, list[str]]:
+    """The whole fit's report, its picture drawn into ``folder`` (``idle.png``), and the
+    lines to print; ``series`` is each rank's ``StepSeries.rows``."""
+    report = build_report(
+        per_rank, cuda=cuda, clock=clock, traces=traces, warmup_steps=warmup_steps
+    )
+    report["trace_overhead_s"] = trace_overhead_s
+    drawn = None
+    if picture and folder is not None:
+        folder.mkdir(parents=True, exist_ok=True)
+        drawn = batch_breakdown(
+            dict(enumerate(series)),
+            folder / "idle.png",
+            title=f"per batch, mean over {len(per_rank)} rank(s) ({clock})",
+            causes=tuple(c.name for c in cause_table.TABLE if cuda or c.on_host_clock),
+        )
+    report["picture"] = str(drawn) if drawn else None
+    lines = render_table(report)
+    if folder is not None:
+        where = f", picture {drawn}" if drawn else ""
+        lines.append(f"idle report: {folder / 'idle.json'}{where}")
+    return report, lines
 
 
 def build_report(
@@ -32,7 +66,7 @@ def build_report(
     clock: str,
     traces: list[dict] | None = None,
     warmup_steps: int = 0,
-) -> dict[str, Any]:
+) -> IdleReport:
     ranks = [s.means(cuda) for s in per_rank]
     mean, rank_max = mean_and_max(ranks)  # as the metrics reduce them
     return {
@@ -112,76 +146,6 @@ def render_table(report: dict[str, Any]) -> list[str]:
             f"NCCL {t['nccl_ms']:.2f} ms"
         )
     return lines
-
-
-def save_picture(
-    series: dict[int, list[list[float]]],
-    path: str | Path,
-    title: str = "",
-    causes: tuple[str, ...] | None = None,
-) -> Path | None:
-    """Draw the per-batch breakdown, averaged over ranks by batch; None without matplotlib.
-
-    Three panels on one x axis, each on its own scale (idle is often a hundredth of the
-    device time): the device's time (step and transfer), the idle time by cause (only
-    ``causes``, by name, default all: leave out those the clock cannot tell), and the
-    host's DataLoader wait.
-    """
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg", force=False)
-        import matplotlib.pyplot as plt
-        from matplotlib.ticker import MaxNLocator
-    except ImportError:
-        return None
-    rows = _mean_by_step(series)
-    if not rows:
-        return None
-    col = {name: i for i, name in enumerate(StepSeries.COLUMNS)}
-    steps = [r[col["step"]] for r in rows]
-    device = [("step", "device_ms", "#4c72b0"), ("transfer", "transfer_ms", "#8172b3")]
-    shown = [cause_table.by_name(c) for c in (causes or cause_table.names())]
-    panels = [
-        ("device time (ms)", device),
-        ("idle before it (ms)", [(c.label, f"idle_{c.name}_ms", c.colour) for c in shown]),
-        ("host DataLoader\nwait (ms)", [("wait", "loader_wait_ms", "#55a868")]),
-    ]  # fmt: skip
-    fig, axes = plt.subplots(
-        3, 1, figsize=(10, 7), sharex=True, gridspec_kw={"height_ratios": [2, 2, 1]}
-    )
-    for ax, (ylabel, layers) in zip(axes, panels, strict=True):
-        values = [[r[col[key]] for r in rows] for _, key, _ in layers]
-        labels, colors = [label for label, _, _ in layers], [c for _, _, c in layers]
-        if len(steps) < 50:  # bars: every batch seen, a single one too
-            bottom = [0.0] * len(steps)
-            for v, label, colour in zip(values, labels, colors, strict=True):
-                ax.bar(steps, v, bottom=bottom, label=label, color=colour, width=0.8)
-                bottom = [b + x for b, x in zip(bottom, v, strict=True)]
-        else:
-            ax.stackplot(steps, *values, labels=labels, colors=colors)
-        ax.set_ylabel(ylabel)
-        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
-    axes[0].set_title(title or "where each training batch's time went")
-    axes[-1].set_xlabel("training batch")
-    axes[-1].xaxis.set_major_locator(MaxNLocator(integer=True))
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
-
-def _mean_by_step(series: dict[int, list[list[float]]]) -> list[list[float]]:
-    sums: dict[float, list[float]] = {}
-    counts: dict[float, int] = {}
-    for rows in series.values():
-        for r in rows:
-            acc = sums.setdefault(r[0], [0.0] * len(r))
-            for i, v in enumerate(r):
-                acc[i] += v
-            counts[r[0]] = counts.get(r[0], 0) + 1
-    return [[v / counts[s] for v in sums[s]] for s in sorted(sums)]
 
 
 def _fmt(value: float | None, unit: str) -> str:

@@ -9,22 +9,21 @@ per steady batch above A's by more than that).
 
 Example::
 
-    python -m gpu_busy.compare runs/default/version_0 runs/default/version_1
-    python -m gpu_busy.compare A B --threshold 0.03 --picture before_after.png
-    python -m gpu_busy.compare A B --sync-threshold 0      # and no new syncs
+    python -m gpu_busy.report.compare runs/default/version_0 runs/default/version_1
+    python -m gpu_busy.report.compare A B --threshold 0.03 --picture before_after.png
+    python -m gpu_busy.report.compare A B --sync-threshold 0      # and no new syncs
     make compare A=runs/default/version_0 B=runs/default/version_1 [SYNC_THRESHOLD=0]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-from pathlib import Path
-from typing import Any
 
 import gpu_busy.idle.causes as cause_table
-from gpu_busy.verdict import decide
+from gpu_busy.report.files import RunFiles
+from gpu_busy.report.picture import side_by_side
+from gpu_busy.report.verdict import decide
 
 
 def rows() -> list[tuple[str, str, tuple[str, ...], str]]:
@@ -45,41 +44,14 @@ def rows() -> list[tuple[str, str, tuple[str, ...], str]]:
     ]  # fmt: skip
 
 
-class RunFiles:
-    """The reports of one run directory."""
-
-    def __init__(self, folder: str | Path) -> None:
-        self.folder = Path(folder)
-        if not self.folder.is_dir():
-            raise SystemExit(f"error: {folder} is not a directory: give a run directory")
-        self.files = {n: _read(self.folder / f"{n}.json") for n in ("run", "idle", "syncs")}
-        if not any(self.files.values()):
-            raise SystemExit(
-                f"error: {folder} holds no run.json, idle.json or syncs.json: give the run "
-                "directory a fit wrote (runs/<name>/version_<n>)"
-            )
-
-    def figure(self, name: str, path: tuple[str, ...]) -> float | None:
-        value: Any = self.files.get(name)
-        for key in path:
-            value = value.get(key) if isinstance(value, dict) else None
-        return value if isinstance(value, int | float) else None
-
-    def throughput(self) -> tuple[str, float | None]:
-        for key in ("samples_per_s", "steps_per_s"):
-            value = self.figure("run", (key,))
-            if value is not None:
-                return key.replace("_per_s", "/s"), value
-        return "throughput", None
-
-    def top_sites(self, n: int = 3) -> list[str]:
-        out = []
-        for s in ((self.files.get("syncs") or {}).get("sites") or [])[:n]:
-            cost = s.get("idle_after_ms_per_batch")
-            cost_text = f", {cost:.3f} ms idle/batch" if cost is not None else ""
-            where = s.get("location") or f"{s.get('filename')}:{s.get('lineno')}"
-            out.append(f"{s.get('count')}x {s.get('op')} at {where}{cost_text}")
-        return out
+def top_sites(run: RunFiles, n: int = 3) -> list[str]:
+    out = []
+    for s in ((run.syncs or {}).get("sites") or [])[:n]:
+        cost = s.get("idle_after_ms_per_batch")
+        cost_text = f", {cost:.3f} ms idle/batch" if cost is not None else ""
+        where = s.get("location") or f"{s.get('filename')}:{s.get('lineno')}"
+        out.append(f"{s.get('count')}x {s.get('op')} at {where}{cost_text}")
+    return out
 
 
 def compare(
@@ -95,9 +67,9 @@ def compare(
         cells = (_fmt(va, unit), _fmt(vb, unit), _change(va, vb, unit))
         lines.append(f"{label:<38}" + "".join(f"{c:>12}" for c in cells))
     for run, tag in ((a, "A"), (b, "B")):
-        if run.files.get("idle"):
-            lines.append(f"{tag} {decide(run.files['idle'], run.files.get('syncs')).line}")
-        sites = run.top_sites()
+        if run.idle:
+            lines.append(f"{tag} {decide(run.idle, run.syncs).line}")
+        sites = top_sites(run)
         lines.append(f"{tag} top sync sites: " + ("; ".join(sites) if sites else "none"))
     return lines + gates(a, b, threshold, sync_threshold)
 
@@ -144,59 +116,9 @@ def gates(a: RunFiles, b: RunFiles, threshold: float, sync_threshold: float | No
     return lines
 
 
-def save_picture(a: RunFiles, b: RunFiles, path: str | Path) -> Path | None:
-    """Two panels: each run's batch as one stacked bar (the step, the transfer, the idle)
-    with its throughput, and the idle by cause on its own scale (idle is often a hundredth
-    of the step); None without matplotlib or idle reports."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg", force=False)
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
-    if not (a.files.get("idle") and b.files.get("idle")):
-        return None
-    runs = ((1, "A", a), (0, "B", b))
-    lost = [("transfer", "transfer_ms", "#8172b3")]  # the colours of the idle picture
-    lost += [(f"idle: {c.label}", f"idle_{c.name}_ms", c.colour) for c in cause_table.TABLE]
-    lost = [p for p in lost if any(r.figure("idle", ("mean", p[1])) for _, _, r in runs)]
-    fig, (whole, parts) = plt.subplots(1, 2, figsize=(11, 3), gridspec_kw={"width_ratios": [3, 2]})
-    longest = 0.0
-    for y, _, run in runs:
-        left = 0.0
-        for label, key, colour in [("the step", "device_ms", "#4c72b0"), *lost]:
-            width = run.figure("idle", ("mean", key)) or 0.0
-            whole.barh(y, width, left=left, color=colour, label=label if y else None)
-            left += width
-        name, value = run.throughput()
-        whole.text(left, y, f" {_fmt(value, '')} {name}", va="center", fontsize=8)
-        longest = max(longest, left)
-    whole.set_xlim(0, longest * 1.3 or 1)
-    whole.set_yticks([1, 0], ["A", "B"])
-    whole.set_xlabel("ms per training batch (mean over ranks)")
-    whole.set_title(f"A: {a.folder}\nB: {b.folder}", fontsize=7, loc="left")
-    height = 0.38
-    for y, tag, run in runs:
-        values = [run.figure("idle", ("mean", key)) or 0.0 for _, key, _ in lost]
-        offsets = [i + (height / 2 if y else -height / 2) for i in range(len(lost))]
-        parts.barh(offsets, values, height=height, color="0.3" if y else "0.7", label=tag)
-    parts.set_yticks(range(len(lost)), [label for label, _, _ in lost], fontsize=8)
-    parts.invert_yaxis()
-    parts.set_xlabel("ms per batch: the time lost, on its own scale")
-    parts.legend(fontsize=8, frameon=False)
-    whole.legend(loc="upper center", bbox_to_anchor=(0.5, -0.3), ncol=3, fontsize=8,
-                 frameon=False)  # fmt: skip
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m gpu_busy.compare", description=__doc__.split("\n")[0]
+        prog="python -m gpu_busy.report.compare", description=__doc__.split("\n")[0]
     )
     parser.add_argument("a", help="the run directory before (runs/<name>/version_<n>)")
     parser.add_argument("b", help="the run directory after")
@@ -224,20 +146,11 @@ def main(argv: list[str] | None = None) -> int:
     a, b = RunFiles(args.a), RunFiles(args.b)
     lines = compare(a, b, args.threshold, args.sync_threshold)
     picture = args.picture if args.picture is not None else b.folder / "compare.png"
-    drawn = save_picture(a, b, picture) if picture else None
+    drawn = side_by_side(a, b, picture) if picture else None
     if drawn is not None:
         lines.insert(-3, f"picture: {drawn}")
     print("\n".join(lines))
     return 1 if lines[-1].startswith("worse:") else 0
-
-
-def _read(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as err:
-        raise SystemExit(f"error: cannot read {path}: {err}") from None
 
 
 def _fmt(value: float | None, unit: str) -> str:

@@ -1,0 +1,126 @@
+"""The run files: what each report holds, writing one, reading a run directory's back.
+
+A fit writes ``run.json``, ``idle.json``, ``syncs.json`` and ``prefetch.json`` into its run
+directory, each with one ``schema_version`` (raised when a key changes meaning or goes).
+The ``TypedDict`` classes below are their layout; ``RunFiles`` reads a directory's files
+for the verdict, ``compare`` and scripts, and refuses a layout newer than it knows.
+
+Example::
+
+    files = RunFiles("runs/default/version_3")
+    print(files.figure("idle", ("mean", "idle_ms")), files.throughput())
+    write_report(Path("runs/default/version_3"), "run", {"samples_per_s": 2410.0})
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, TypedDict
+
+SCHEMA_VERSION = 3
+
+NAMES = ("run", "idle", "syncs", "prefetch")
+
+
+class RunReport(TypedDict, total=False):
+    seconds: float
+    train_seconds: float  # the longest rank's, validation left out
+    steps: int
+    world_size: int
+    samples: int | None  # None: a batch Lightning could not size
+    samples_per_s: float | None
+    steps_per_s: float
+    verdict: dict[str, Any]  # {"cause": ..., "share": ...}
+
+
+class IdleReport(TypedDict, total=False):
+    clock: str  # "cuda events" or "host clock"
+    world_size: int
+    warmup_steps: int
+    steps: int
+    timed_steps: int
+    mean: dict[str, float | None]  # IdleStats.means() keys, the mean over ranks
+    rank_max: dict[str, float | None]  # the largest single rank's
+    ranks: list[dict[str, Any]]  # every rank's own, with "rank"
+    traces: list[dict[str, Any]]  # analysed profiler windows
+    trace_overhead_s: float
+    picture: str | None
+
+
+class SyncsReport(TypedDict, total=False):
+    summary: dict[str, Any]  # gpu_busy.report.syncs.summary's keys
+    sites: list[dict[str, Any]]  # SyncSite fields, location, per-batch costs; costliest first
+
+
+class PrefetchReport(TypedDict, total=False):
+    copy_ms: float | None
+    exposed_copy_ms: float | None
+    hidden_copy_pct: float | None
+    batches: int
+    pageable_batches: int
+    unmoved_batches: int
+
+
+def write_report(folder: Path, name: str, report: dict) -> Path:
+    """``<folder>/<name>.json`` with the schema version; returns its path."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}.json"
+    path.write_text(json.dumps({"schema_version": SCHEMA_VERSION, **report}, indent=1))
+    return path
+
+
+class RunFiles:
+    """The reports of one run directory; a missing file reads as None."""
+
+    run: RunReport | None
+    idle: IdleReport | None
+    syncs: SyncsReport | None
+    prefetch: PrefetchReport | None
+
+    def __init__(self, folder: str | Path) -> None:
+        self.folder = Path(folder)
+        if not self.folder.is_dir():
+            raise SystemExit(f"error: {folder} is not a directory: give a run directory")
+        for name in NAMES:
+            setattr(self, name, _read(self.folder / f"{name}.json"))
+        if not any(self.files.values()):
+            raise SystemExit(
+                f"error: {folder} holds no run.json, idle.json or syncs.json: give the run "
+                "directory a fit wrote (runs/<name>/version_<n>)"
+            )
+
+    @property
+    def files(self) -> dict[str, dict | None]:
+        return {name: getattr(self, name) for name in NAMES}
+
+    def figure(self, name: str, path: tuple[str, ...]) -> float | None:
+        """A number from one file by its keys; None where missing or not a number."""
+        value: Any = getattr(self, name)
+        for key in path:
+            value = value.get(key) if isinstance(value, dict) else None
+        return value if isinstance(value, int | float) else None
+
+    def throughput(self) -> tuple[str, float | None]:
+        """("samples/s", value), or steps/s where batches had no size."""
+        for key in ("samples_per_s", "steps_per_s"):
+            value = self.figure("run", (key,))
+            if value is not None:
+                return key.replace("_per_s", "/s"), value
+        return "throughput", None
+
+
+def _read(path: Path) -> dict | None:
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as err:
+        raise SystemExit(f"error: cannot read {path}: {err}") from None
+    version = data.get("schema_version") if isinstance(data, dict) else None
+    if not isinstance(version, int) or version > SCHEMA_VERSION:
+        raise SystemExit(
+            f"error: {path} has schema_version {version!r}, this gpu_busy reads up to "
+            f"{SCHEMA_VERSION}: compare with the gpu_busy that wrote it"
+        )
+    return data

@@ -1,0 +1,71 @@
+"""The end-of-fit output: ``run.json``, the summary paragraph, and the verdict above the
+held reports.
+
+Example::
+
+    run, paragraph = summary([[samples, seconds], ...], elapsed=95.2, steps=234, epochs=3)
+    lines = under_verdict(held.take(), run)   # the verdict line first, then every report
+"""
+
+from __future__ import annotations
+
+from gpu_busy.report.files import RunReport
+from gpu_busy.report.verdict import decide
+
+
+def summary(
+    ranks: list[list[float]],
+    *,
+    elapsed: float,
+    steps: int,
+    epochs: int,
+    first_step: int = 0,
+    resumed_from: str | None = None,
+    best: tuple[str, float | None, str] | None = None,
+) -> tuple[RunReport, str]:
+    """``ranks`` holds each rank's [samples (-1: a batch had no size), training seconds
+    without validation]; ``best`` the monitored metric, its value and the best checkpoint."""
+    countable = all(r[0] >= 0 for r in ranks)
+    samples = int(sum(r[0] for r in ranks))
+    train_seconds = max(max(r[1] for r in ranks), 1e-9)  # the longest of the ranks
+    world = len(ranks)
+    run: RunReport = {
+        "seconds": elapsed,
+        "train_seconds": train_seconds,
+        "steps": steps,
+        "world_size": world,
+        "samples": samples if countable else None,
+        "samples_per_s": samples / train_seconds if countable else None,
+        "steps_per_s": steps / train_seconds,
+    }
+    rate = (
+        f"{samples:,} samples, {samples / train_seconds:,.0f} samples/s while training"
+        if countable
+        else f"{steps / train_seconds:,.2f} steps/s while training"
+    )
+    resumed = f", resumed at step {first_step}" if first_step else ""
+    parts = [
+        f"fit done in {elapsed:.1f} s: {epochs} epoch(s), {steps} steps{resumed} over "
+        f"{world} process(es), {rate}"
+    ]
+    if first_step and resumed_from:
+        parts.append(f"earlier steps: see the run that wrote {resumed_from}")
+    if best is not None:
+        monitor, score, path = best
+        if score is not None:
+            parts.append(f"{monitor} {score:.4f}")
+        if path:
+            parts.append(f"best checkpoint {path}")
+    return run, "; ".join(parts)
+
+
+def under_verdict(held: list[tuple[str, dict, list[str]]], run: RunReport | None) -> list[str]:
+    """The verdict line (with an idle report; recorded in ``run``), then each held report's
+    lines in the order they came."""
+    reports = {name: report for name, report, _ in held}
+    lines = []
+    if run is not None and "idle" in reports:
+        verdict = decide(reports["idle"], reports.get("syncs"))
+        lines.append(verdict.line)
+        run["verdict"] = {"cause": verdict.cause, "share": verdict.share}
+    return lines + [line for _, _, report_lines in held for line in report_lines]

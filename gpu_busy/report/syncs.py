@@ -1,0 +1,128 @@
+"""The end-of-fit sync report: ``syncs.json``'s contents and the lines printed.
+
+Built from every rank's sites merged into one ``SyncSiteTable`` and the watched-batch
+totals summed over ranks (``SyncPointDetector`` gathers them).
+
+Example::
+
+    report, lines = end_of_fit(table, totals, world_size=2, batches=400,
+                               optimizer_steps=400, costs=(0.012, 0.010), budget=0.01,
+                               interval=100, fit_seconds=95.0)
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+from gpu_busy.idle.causes import thresholds
+from gpu_busy.report.files import SyncsReport
+from gpu_busy.syncs.sampling import WatchSchedule
+from gpu_busy.syncs.sites import SyncSiteTable
+
+
+def end_of_fit(
+    table: SyncSiteTable,
+    totals,
+    *,
+    world_size: int,
+    batches: int,
+    optimizer_steps: int,
+    costs: tuple[float | None, float | None],
+    budget: float,
+    interval: int,
+    fit_seconds: float,
+) -> tuple[SyncsReport, list[str]]:
+    """``totals`` holds the watched batches and their syncs summed over ranks (all, and
+    steady: neither a logging step nor right after one); ``costs`` a (watched, plain)
+    batch's seconds."""
+    summary = _summary(table, totals, world_size, batches, costs, budget, interval, fit_seconds)
+    # A watched batch is one training batch: under gradient accumulation, fewer
+    # optimizer steps than batches.
+    steps = f" ({optimizer_steps} optimizer steps)" if optimizer_steps != batches else ""
+    headline = (
+        f"sync points: {summary['watched_batches']} of {batches} training batches "
+        f"watched{steps}; {_number(summary['syncs_per_batch'])} syncs/batch, "
+        f"{_number(summary['steady_syncs_per_batch'])} in steady state (not logging "
+        f"steps); {_overhead(summary)}"
+    )
+    watched = totals.watched if table.costs else None
+    sites = [
+        {
+            **asdict(s),
+            "location": s.location,  # as printed: relative, or inside site-packages
+            "idle_after_ms_per_batch": s.idle_per_batch(watched) if watched else None,
+            "host_ms_per_batch": s.host_per_batch(watched) if watched else None,
+        }
+        for s in table.ranked(watched)
+    ]
+    lines = [headline] + ([_cost_line(summary)] if table.sites else [])
+    lines += table.render(watched=watched, step_ms=summary["step_ms"])
+    return {"summary": summary, "sites": sites}, lines
+
+
+def _summary(table, totals, world_size, batches, costs, budget, interval, fit_seconds) -> dict:
+    watched_s, plain_s = costs
+    ratio = WatchSchedule.overhead(watched_s, plain_s)
+    amortised = None
+    if ratio is not None:
+        # watched batches per rank x their extra time, against this fit's wall time
+        extra_s = totals.watched / world_size * ratio * plain_s
+        amortised = extra_s / max(1e-9, fit_seconds)
+    step_ms = 1e3 * plain_s if plain_s else None
+    idle = host = None
+    if table.costs and totals.watched:
+        idle, host = (
+            sum(getattr(s, name) for s in table.sites.values()) / totals.watched
+            for name in ("idle_after_ms", "host_ms")
+        )
+    return {
+        "watched_batches": int(totals.watched / world_size),
+        "steady_watched_batches": int(totals.steady_watched / world_size),
+        "batches": batches,
+        "syncs_per_batch": _ratio(totals.syncs, totals.watched),
+        "steady_syncs_per_batch": _ratio(totals.steady_syncs, totals.steady_watched),
+        "watched_batch_overhead": ratio,
+        "amortised_overhead": amortised,
+        "interval": interval,
+        "budget": budget,
+        "sites": len(table.sites),
+        "step_ms": step_ms,  # a batch's wall time when not watched
+        # GPU idle after syncs and the host's wait in them, per watched batch (None: CPU)
+        "sync_idle_ms_per_batch": idle,
+        "sync_idle_share": idle / step_ms if idle is not None and step_ms else None,
+        "sync_host_ms_per_batch": host,
+    }
+
+
+def _ratio(a: float, b: float) -> float | None:
+    return a / b if b else None
+
+
+def _number(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.2f}"
+
+
+def _cost_line(summary: dict) -> str:
+    """What all syncs together cost the GPU: the most removing every one could gain."""
+    idle = summary.get("sync_idle_ms_per_batch")
+    if idle is None:
+        return "  cost of the syncs: n/a (no GPU queue on this machine; ranked by count)"
+    share = summary.get("sync_idle_share")
+    pct = "n/a" if share is None else f"{100 * share:.1f}%"
+    return (
+        f"  cost of the syncs: {idle:.3f} ms of GPU idle after them per batch ({pct} of a "
+        f"step; removing every one gains at most that; worth it above "
+        f"{100 * thresholds()['syncs']:.0f}%), host waited "
+        f"{summary['sync_host_ms_per_batch']:.3f} ms in them"
+    )
+
+
+def _overhead(summary: dict) -> str:
+    w, a = summary.get("watched_batch_overhead"), summary.get("amortised_overhead")
+    if w is None:
+        return "overhead not measured (too few batches to compare)"
+    amort = "n/a" if a is None else f"{100 * a:.2f}%"
+    over = ""
+    if a is not None and a > summary["budget"]:
+        over = f", over the {100 * summary['budget']:.0f}% budget: the fit was too short"
+    return f"a watched batch costs +{100 * w:.0f}%, amortised {amort} of fit time{over}"

@@ -8,7 +8,7 @@
 3. idle-time accuracy against injected host delays (``bench.idle``; GPU only);
 4. overhead: every template callback on vs off (``bench.idle``), and the sync detector's
    watched-step and amortised cost (``bench.syncs``);
-5. start-up: ``make train`` to the first training step, one process and DDP
+5. start-up: the command line to the first training step, one process and DDP
    (``bench.startup``).
 
 On a machine without CUDA the GPU parts are marked "not run". ``--quick`` runs fewer
@@ -148,13 +148,13 @@ def summary(results: dict, device: str) -> list[str]:
     if isinstance(st, dict):
         rows.append(
             (
-                "5 make train to first step: 1 / DDP 2",
+                "5 CLI to first step: 1 / DDP 2",
                 f"{st['single']['to_first_step_s']:.1f} s / {st['ddp']['to_first_step_s']:.1f} s",
                 st["ddp"]["processes"],
             )
         )
     else:
-        rows.append(("5 make train to first step: 1 / DDP 2", st, ""))
+        rows.append(("5 CLI to first step: 1 / DDP 2", st, ""))
     width = max(len(r[0]) for r in rows) + 2
     mid = max(len(r[1]) for r in rows) + 2
     lines = [f"{'claim':<{width}}{'measured':<{mid}}goal"]

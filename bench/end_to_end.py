@@ -2,8 +2,9 @@
 
     python -m bench.end_to_end [--out DIR] [--steps N] [--repeats R] [--device auto|cpu|cuda]
 
-The same ResNet-18 (as ``bench.syncs``: width 64, batch 256, bf16-mixed on a GPU; width
-16, batch 32, float32 on a CPU), the same data, the same precision, two ways:
+The benchmarks' own ResNet-18 and images (``bench.workload``; as ``bench.syncs``: width 64,
+batch 256, bf16-mixed on a GPU; width 16, batch 32, float32 on a CPU), the same precision,
+two ways:
 
 - ``plain``: augmentation per image in the DataLoader workers (torchvision transforms:
   random crop, flip, normalise), float32 host tensors, no pinned memory, Lightning's
@@ -18,8 +19,7 @@ Per arm, interleaved ``--repeats`` times: images per second between the end of s
 of the device's time from ``IdleTimeMonitor`` (CUDA events on a GPU, host clocks on a
 CPU). Then one fit per arm with every step watched by ``SyncPointDetector``: syncs per
 step and per steady step (neither a logging step nor the one after), all and real
-(leaving out what only the CPU simulation calls a sync). Run on the embedded synthetic
-shapes, and on CIFAR-10 too when ``data/cifar-10-batches-py`` exists.
+(leaving out what only the CPU simulation calls a sync).
 """
 
 from __future__ import annotations
@@ -33,10 +33,10 @@ from pathlib import Path
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import TQDMProgressBar
-from torch.utils.data import DataLoader, Dataset
 
 from bench.results import add_device_option, chosen_device, machine, save
 from bench.syncs import _setup, sync_figures, trainer_for
+from bench.workload import Classifier, Images, PlainClassifier, loader_workers
 from gpu_busy.callbacks import (
     IdleTimeMonitor,
     LoggingStepProgressBar,
@@ -44,68 +44,8 @@ from gpu_busy.callbacks import (
     StreamPrefetcher,
     SyncPointDetector,
 )
-from template.data import ImageDataModule
-from template.data.augment import CIFAR10_MEAN, CIFAR10_STD
-from template.data.datamodule import default_num_workers
-from template.models import ImageClassifier
 
 WARMUP = 5
-CIFAR_DIR = Path("data")
-
-
-class HostAugmented(Dataset):
-    """Per-image crop, flip and normalisation to float32 on the host, as most code does."""
-
-    def __init__(self, images: Dataset) -> None:
-        from torchvision.transforms import v2
-
-        self.images = images
-        self.transform = v2.Compose(
-            [
-                v2.RandomCrop(32, padding=4),
-                v2.RandomHorizontalFlip(),
-                v2.ToDtype(torch.float32, scale=True),
-                v2.Normalize(CIFAR10_MEAN, CIFAR10_STD),
-            ]
-        )
-
-    def __len__(self) -> int:
-        return len(self.images)
-
-    def __getitem__(self, i: int):
-        image, label = self.images[i]
-        return self.transform(image), label
-
-
-class PlainData(ImageDataModule):
-    """Host-side float32 batches, pageable memory, Lightning's own transfer."""
-
-    def train_dataloader(self) -> DataLoader:
-        workers = self.num_workers if self.num_workers is not None else default_num_workers()
-        return DataLoader(
-            HostAugmented(self.train_set),
-            batch_size=self.batch_size,
-            shuffle=True,
-            drop_last=True,
-            num_workers=workers,
-            persistent_workers=workers > 0,
-        )
-
-    def on_after_batch_transfer(self, batch, dataloader_idx: int):
-        return batch  # already augmented and normalised on the host
-
-
-class PlainClassifier(ImageClassifier):
-    """The step most first versions have: a per-step .item() and prog-bar logging."""
-
-    running_loss = 0.0
-
-    def training_step(self, batch, batch_idx: int) -> torch.Tensor:
-        images, labels = batch
-        loss = torch.nn.functional.cross_entropy(self(images), labels)
-        self.running_loss = 0.98 * self.running_loss + 0.02 * loss.item()
-        self.log("train/loss", loss, prog_bar=True)
-        return loss
 
 
 class Throughput(pl.Callback):
@@ -122,19 +62,18 @@ class Throughput(pl.Callback):
             self.times.append(time.perf_counter())
 
 
-def fit(arm: str, device: str, dataset: str, steps: int, callbacks: list) -> None:
+def fit(arm: str, device: str, steps: int, callbacks: list) -> None:
     setup = _setup(device)
     torch.manual_seed(0)
     plain = arm == "plain"
-    model = (PlainClassifier if plain else ImageClassifier)(width=setup["width"])
-    data = (PlainData if plain else ImageDataModule)(
-        dataset=dataset,
-        data_dir=CIFAR_DIR,
-        download=False,
+    model = (PlainClassifier if plain else Classifier)(width=setup["width"])
+    data = Images(
         batch_size=setup["batch_size"],
-        synthetic_train_size=setup["batch_size"] * (steps + 1),
-        synthetic_val_size=setup["batch_size"],
-        pin_memory=not plain if device == "cuda" else False,
+        train_size=setup["batch_size"] * (steps + 1),
+        val_size=setup["batch_size"],
+        num_workers=loader_workers(),
+        pin_memory=device == "cuda" and not plain,
+        host_augment=plain,
     )
     if plain:
         arm_callbacks = [TQDMProgressBar(refresh_rate=1)]
@@ -144,27 +83,26 @@ def fit(arm: str, device: str, dataset: str, steps: int, callbacks: list) -> Non
     trainer_for(device, steps, callbacks, log_every_n_steps=20).fit(model, data)
 
 
-def compare(device: str, dataset: str, steps: int, repeats: int, sync_steps: int) -> dict:
+def compare(device: str, steps: int, repeats: int, sync_steps: int) -> dict:
     batch = _setup(device)["batch_size"]
     rate: dict[str, list[float]] = {"plain": [], "template": []}
     idle: dict[str, list[float | None]] = {"plain": [], "template": []}
-    fit("template", device, dataset, 8, [])  # the first fit in a process: imports, threads
+    fit("template", device, 8, [])  # the first fit in a process: imports, threads
     for _ in range(repeats):  # interleaved, so drift hits both alike
         for arm in rate:
             clock = Throughput(steps)
             monitor = IdleTimeMonitor(warmup_steps=WARMUP, picture=False, log_stats=False)
-            fit(arm, device, dataset, steps, [clock, monitor])
+            fit(arm, device, steps, [clock, monitor])
             first, last = clock.times
             rate[arm].append(batch * (steps - WARMUP) / (last - first))
             idle[arm].append(monitor.report["mean"]["idle_pct"])
     syncs = {}
     for arm in rate:
         detector = SyncPointDetector(first_steps=10**9)
-        fit(arm, device, dataset, sync_steps, [detector])
+        fit(arm, device, sync_steps, [detector])
         syncs[arm] = sync_figures(detector)
     ratios = [t / p for t, p in zip(rate["template"], rate["plain"], strict=True)]
     return {
-        "dataset": dataset,
         "images_per_s": {a: statistics.median(v) for a, v in rate.items()},
         "images_per_s_each": rate,
         "speed_ratio": statistics.median(ratios),
@@ -176,13 +114,8 @@ def compare(device: str, dataset: str, steps: int, repeats: int, sync_steps: int
     }
 
 
-def datasets() -> list[str]:
-    found = (CIFAR_DIR / "cifar-10-batches-py").is_dir()
-    return ["synthetic", "cifar10"] if found else ["synthetic"]
-
-
 def run(device: str, steps: int, repeats: int, sync_steps: int = 30) -> dict:
-    return {name: compare(device, name, steps, repeats, sync_steps) for name in datasets()}
+    return {"synthetic": compare(device, steps, repeats, sync_steps)}
 
 
 def table(results: dict) -> str:

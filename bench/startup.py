@@ -1,14 +1,15 @@
-"""Start-up: seconds from ``make train`` to the first training step, one process and DDP.
+"""Start-up: seconds from the command line to the first training step, one process and DDP.
 
     python -m bench.startup [--out DIR] [--repeats R]
 
-Runs ``make train`` with the debug overlay for a few steps, as a user would (the install
-already done), with ``FirstStep`` added as a callback: rank zero prints the wall-clock
-time at which its first training step starts. Measured twice per repeat: one process,
-and 2-process DDP (``GPUS=2`` where two GPUs are visible, else 2 CPU processes on gloo,
-which is what a machine without two GPUs can run). The time includes Python and torch
-imports, building the model and data, Lightning's set-up and, under DDP, launching and
-connecting the second process.
+Runs the package's command line (``python -m gpu_busy.cli fit``, what ``make train`` runs
+after its install check) for a few steps with the default config's trainer and callbacks
+and the benchmarks' own small model and data (``bench.workload``), with ``FirstStep``
+added as a callback: rank zero prints the wall-clock time at which its first training
+step starts. Measured twice per repeat: one process, and 2-process DDP (two GPUs where
+visible, else 2 CPU processes on gloo, which is what a machine without two GPUs can run).
+The time includes Python and torch imports, building the model and data, Lightning's
+set-up and, under DDP, launching and connecting the second process.
 """
 
 from __future__ import annotations
@@ -25,11 +26,17 @@ from pathlib import Path
 
 import lightning.pytorch as pl
 import torch
+import yaml
 
 from bench.results import machine, save
 
 ROOT = Path(__file__).resolve().parents[1]
 MARK = "first training step at"
+DEFAULT_CONFIG = ROOT / "configs" / "default.yaml"
+WORKLOAD = (
+    {"class_path": "bench.workload.Classifier", "init_args": {"width": 8}},
+    {"class_path": "bench.workload.Images", "init_args": {"batch_size": 32, "train_size": 512}},
+)
 
 
 class FirstStep(pl.Callback):
@@ -41,30 +48,29 @@ class FirstStep(pl.Callback):
 
 
 def command(ddp: bool, save_dir: str) -> tuple[list[str], str]:
-    """``make train`` with the debug overlay and ``FirstStep``; where the project's venv
-    is not installed (a bare GPU machine), the command ``make train`` runs after its
-    install step, with the interpreter at hand."""
-    extra = [
-        "--config", "configs/debug.yaml", "--trainer.max_steps=3",
+    """The package's command line (``python -m gpu_busy.cli fit``) with the default config's
+    trainer and callbacks, the benchmarks' own model and data, and ``FirstStep``."""
+    trainer = {}
+    if DEFAULT_CONFIG.is_file():
+        trainer = yaml.safe_load(DEFAULT_CONFIG.read_text()).get("trainer") or {}
+    config = Path(save_dir) / "startup.yaml"
+    config.write_text(
+        yaml.safe_dump({"trainer": trainer, "model": WORKLOAD[0], "data": WORKLOAD[1]})
+    )
+    flags = [
+        "--config", str(config), "--trainer.max_steps=3", "--trainer.log_every_n_steps=2",
         f"--trainer.logger.init_args.save_dir={save_dir}",
         "--trainer.callbacks+=bench.startup.FirstStep",
     ]  # fmt: skip
-    # (make variables, the CLI flags they become, what runs)
     if not ddp:
-        make_vars, flags = [], []
         kind = "1 GPU" if torch.cuda.is_available() else "1 CPU process"
     elif torch.cuda.device_count() >= 2:
-        make_vars, flags = ["GPUS=2"], ["--trainer.accelerator=gpu", "--trainer.devices=2"]
+        flags += ["--trainer.accelerator=gpu", "--trainer.devices=2"]
         kind = "2 GPUs"
     else:
-        make_vars = ["ACCELERATOR=cpu", "DEVICES=2"]
-        flags = ["--trainer.accelerator=cpu", "--trainer.devices=2"]
+        flags += ["--trainer.accelerator=cpu", "--trainer.devices=2"]
         kind = "2 CPU processes (gloo)"
-    if (ROOT / ".venv" / ".installed").exists():
-        make = ["make", "--no-print-directory", "train", "CPU_CONFIG=", f"ARGS={' '.join(extra)}"]
-        return [*make, *make_vars], kind
-    python = [sys.executable, "-m", "template.train", "fit", "--config", "configs/default.yaml"]
-    return [*python, *extra, *flags], kind
+    return [sys.executable, "-m", "gpu_busy.cli", "fit", *flags], kind
 
 
 def launch(ddp: bool, save_dir: str) -> dict:
@@ -79,7 +85,7 @@ def launch(ddp: bool, save_dir: str) -> dict:
         raise RuntimeError(f"{argv[0]} {argv[1]} failed (rc {done.returncode}):\n{tail}")
     return {
         "processes": kind,
-        "command": " ".join(argv[:3]) if argv[0] == "make" else "python -m template.train",
+        "command": "python -m gpu_busy.cli fit",
         "to_first_step_s": float(found.group(1)) - t0,
         "total_s": total,
     }
@@ -106,7 +112,7 @@ def run(repeats: int) -> dict:
 
 
 def table(results: dict) -> str:
-    lines = ["start-up, `make train` to the first training step (median [min, max]):"]
+    lines = ["start-up, the command line to the first training step (median [min, max]):"]
     for name, r in results.items():
         lo, hi = r["spread_s"]
         lines.append(

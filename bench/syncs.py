@@ -2,7 +2,7 @@
 
     python -m bench.syncs [--out DIR] [--steps N] [--repeats 3] [--device auto|cpu|cuda]
 
-The template's own ResNet-18 and DataModule (synthetic images) through ``Trainer.fit``,
+The benchmarks' own ResNet-18 and images (``bench.workload``) through ``Trainer.fit``,
 no validation, no checkpoints. On CUDA: width 64, batch 256, bf16-mixed where supported
 (the default config); on a CPU: width 16, batch 32, float32 (the CPU config's model, a
 smaller batch so the run stays short).
@@ -49,14 +49,13 @@ import torch
 from lightning.pytorch.callbacks import TQDMProgressBar
 
 from bench.results import add_device_option, chosen_device, machine, save
+from bench.workload import Classifier, Images, loader_workers
 from gpu_busy.callbacks import (
     LoggingStepProgressBar,
     StopOnSignal,
     StreamPrefetcher,
     SyncPointDetector,
 )
-from template.data import ImageDataModule
-from template.models import ImageClassifier
 
 
 class StepClock(pl.Callback):
@@ -80,13 +79,13 @@ class StepClock(pl.Callback):
         return [1e3 * (b - a) for a, b in zip(self.ends, self.ends[1:], strict=False)]
 
 
-class ProgBarClassifier(ImageClassifier):
+class ProgBarClassifier(Classifier):
     """The training step as it was: metrics shown through ``prog_bar=True``."""
 
-    def log_dict(self, metrics, *args, **kwargs):
+    def log(self, name, value, *args, **kwargs):
         if self.trainer.training:
             kwargs["prog_bar"] = True
-        return super().log_dict(metrics, *args, **kwargs)
+        return super().log(name, value, *args, **kwargs)
 
 
 def _setup(device: str) -> dict:
@@ -99,15 +98,16 @@ def _setup(device: str) -> dict:
     }
 
 
-def fit(device: str, steps: int, callbacks: list, model_class=ImageClassifier) -> None:
+def fit(device: str, steps: int, callbacks: list, model_class=Classifier) -> None:
     setup = _setup(device)
     torch.manual_seed(0)
     model = model_class(width=setup["width"])
-    data = ImageDataModule(
+    data = Images(
         batch_size=setup["batch_size"],
-        synthetic_train_size=setup["batch_size"] * steps,
-        synthetic_val_size=setup["batch_size"],
-        num_workers=None if device == "cuda" else 0,
+        train_size=setup["batch_size"] * steps,
+        val_size=setup["batch_size"],
+        num_workers=loader_workers() if device == "cuda" else 0,
+        pin_memory=device == "cuda",
     )
     trainer_for(device, steps, callbacks).fit(model, data)
 
@@ -185,7 +185,7 @@ def count_syncs(device: str, steps: int) -> dict:
     runs = {
         "before": (ProgBarClassifier, [TQDMProgressBar(refresh_rate=1)]),
         "after": (
-            ImageClassifier,
+            Classifier,
             [LoggingStepProgressBar(refresh_rate=10), StreamPrefetcher(), StopOnSignal()],
         ),
     }

@@ -17,7 +17,7 @@ armed the mode, the listener gives ``torch.distributed.barrier`` the user's own 
 a checkpoint's barrier under NCCL prints nothing (and is not heard).
 
 ``DEBUG_MODE`` is the switch and the text listened for; tests replace it with a CPU
-stand-in that raises a C++ warning from inside a CPU kernel (tests/cuda_standin.py).
+stand-in that raises a C++ warning from inside a CPU kernel (tests/helpers/cuda_standin.py).
 
 Example::
 

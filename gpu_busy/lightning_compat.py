@@ -1,6 +1,6 @@
 """The one place the template reads Lightning internals.
 
-Each private attribute below is pinned by ``tests/test_lightning_compat.py``: when a
+Each private attribute below is pinned by ``tests/contracts/test_lightning_compat.py``: when a
 Lightning release renames one, that test fails with the name, instead of the template
 silently misbehaving.
 """
@@ -47,7 +47,7 @@ def epoch_position(trainer: pl.Trainer) -> tuple[int, int]:
     """
     # Public attributes, but what ``processed`` means at save time (the batch that just ran
     # is counted; ``completed`` is not yet) is Lightning's loop bookkeeping (2.0 to 2.6),
-    # pinned by tests/test_lightning_compat.py and tests/test_resume.py.
+    # pinned by tests/contracts/test_lightning_compat.py and tests/resume/test_resume.py.
     trained = int(trainer.fit_loop.epoch_loop.batch_progress.current.processed)
     epoch = int(trainer.current_epoch)
     if trained >= trainer.num_training_batches:

@@ -1,7 +1,7 @@
-"""The CUDA paths on the CPU: CUDA's sync warning as CUDA raises it (tests/cuda_standin.py).
+"""The CUDA paths on the CPU: CUDA's sync warning as CUDA raises it (tests/helpers/cuda_standin.py).
 
 Each test here fails on code that would count a sync twice, arm the debug mode where it
-is not read, or lose a warning on a GPU; tests/test_gpu.py holds their GPU twins.
+is not read, or lose a warning on a GPU; tests/gpu/test_gpu.py holds their GPU twins.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from gpu_busy import cuda_sync_warnings
 from gpu_busy.syncs import SyncError, detect_syncs
 from gpu_busy.syncs.rules import ATEN_RULES
-from tests import cuda_standin
+from tests.helpers import cuda_standin
 
 # Device memory in the simulation: made before any detector is entered.
 x = torch.arange(6.0) - 2

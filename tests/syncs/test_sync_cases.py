@@ -1,4 +1,4 @@
-"""The detector against PyTorch's own account of which calls sync (tests/sync_cases.py),
+"""The detector against PyTorch's own account of which calls sync (tests/helpers/sync_cases.py),
 in the CPU simulation: every syncing case found as often as a GPU run waits, at the
 case's line; every sync-free case silent."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from gpu_busy.syncs import detect_syncs
-from tests.sync_cases import CASES, Tensors
+from tests.helpers.sync_cases import CASES, Tensors
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])

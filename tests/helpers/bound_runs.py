@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, default_collate
 
 from template.models import ImageClassifier
-from tests.foreign_modules import BlobClassifier, BlobData
+from tests.helpers.foreign_modules import BlobClassifier, BlobData
 
 
 class SlowBlobData(BlobData):

@@ -75,7 +75,7 @@ def test_a_save_between_checks_is_refused_after_a_nan(tmp_path, monkeypatch, cap
     code = main(
         [
             "fit", "--config", DEFAULT, "--config", DEBUG, "--trainer.log_every_n_steps=50",
-            "--trainer.callbacks+=tests.faults_probe.SaveAndStop",
+            "--trainer.callbacks+=tests.helpers.faults_probe.SaveAndStop",
             "--trainer.callbacks.init_args.step=3", f"--trainer.callbacks.init_args.path={mid}",
         ]
     )  # fmt: skip

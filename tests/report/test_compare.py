@@ -11,8 +11,8 @@ from lightning.pytorch.loggers import CSVLogger
 from gpu_busy.callbacks import IdleTimeMonitor, RunSummary, SyncPointDetector
 from gpu_busy.report.compare import main
 from gpu_busy.report.files import SCHEMA_VERSION, write_report
-from tests.bound_runs import SyncFreeBlobClassifier
-from tests.foreign_modules import BlobClassifier, BlobData
+from tests.helpers.bound_runs import SyncFreeBlobClassifier
+from tests.helpers.foreign_modules import BlobClassifier, BlobData
 
 
 def fit(folder, model) -> str:

@@ -6,7 +6,6 @@ import csv
 import json
 import logging
 import types
-from pathlib import Path
 
 import lightning.pytorch as pl
 import pytest
@@ -16,7 +15,7 @@ from gpu_busy.callbacks import LoggingStepProgressBar, SyncPointDetector
 from gpu_busy.syncs import SyncError, assert_no_syncs
 from template.data import ImageDataModule
 from template.models import ImageClassifier, classifier
-from tests.conftest import DEBUG, DEFAULT, cli_main
+from tests.conftest import DEBUG, DEFAULT, ROOT, cli_main
 
 
 def _fit(tmp_path, model, callbacks, **trainer_args):
@@ -262,11 +261,13 @@ def test_lightnings_own_reads_are_named_at_lightnings_line_not_where_fit_was_cal
 
 def test_under_github_actions_the_users_sync_lines_are_annotated(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("GITHUB_ACTIONS", "true")
-    monkeypatch.chdir(Path(__file__).parents[1])
+    monkeypatch.chdir(ROOT)
     _fit(tmp_path, ItemInStep(width=4), [SyncPointDetector(first_steps=100)])
     out = [line for line in capsys.readouterr().out.splitlines() if line.startswith("::")]
     # The user's own line only: not Lightning's reads, not this package's allowed ones.
-    assert len(out) == 1 and out[0].startswith("::warning file=tests/test_sync_point_detector.py")
+    assert len(out) == 1 and out[0].startswith(
+        "::warning file=tests/syncs/test_sync_point_detector.py"
+    )
     assert "Tensor.item()" in out[0]
 
 

@@ -1,6 +1,6 @@
-"""``strict`` and the callbacks on code in the styles people write (tests/foreign_clients.py):
-each test names the headline it reads (syncs per watched batch, batches moved, warnings,
-exit codes) and the GPU truth it holds that figure to."""
+"""``strict`` and the callbacks on code in the styles people write
+(tests/helpers/foreign_clients.py): each test names the headline it reads (syncs per
+watched batch, batches moved, warnings, exit codes) and the GPU truth it holds that figure to."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import torch
 
 from gpu_busy.callbacks import BestCheckpoint, StreamPrefetcher, SyncPointDetector
 from gpu_busy.syncs.rules import DDP_USED_MAP
-from tests import foreign_clients as clients
+from tests.helpers import foreign_clients as clients
 from tests.conftest import DEBUG, DEFAULT, HANG_S, run_entry_point
 
 
@@ -94,7 +94,7 @@ def test_a_pytorch_lightning_module_is_refused_in_one_line():
 def test_a_numpy_schedule_saves_a_checkpoint_that_resumes(tmp_path):
     # Truth: --ckpt_path last continues the run (exit 0), its learning rates as saved.
     args = ["fit", "--config", DEFAULT, "--config", DEBUG, "--data=null",
-            "--model.class_path=tests.foreign_clients.NumpyCosine",
+            "--model.class_path=tests.helpers.foreign_clients.NumpyCosine",
             "--trainer.callbacks+=lightning.pytorch.callbacks.LearningRateMonitor"]  # fmt: skip
     first = run_entry_point([*args, "--trainer.max_epochs=1"], cwd=tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]
@@ -109,7 +109,7 @@ def test_ddp_with_find_unused_parameters_reports_the_reducers_one_copy_per_backw
     # used-parameter map per backward, and host reads of it (no sync).
     result = run_entry_point(
         ["fit", "--config", DEFAULT, "--config", DEBUG, "--data=null",
-         "--model.class_path=tests.foreign_clients.UnusedBranch",
+         "--model.class_path=tests.helpers.foreign_clients.UnusedBranch",
          "--trainer.accelerator=cpu", "--trainer.devices=2",
          "--trainer.strategy=ddp_find_unused_parameters_true",
          "--trainer.callbacks+=gpu_busy.callbacks.SyncPointDetector",

@@ -1,6 +1,6 @@
 """Which calls make the host wait for the GPU, as PyTorch itself says, for the detector to
-be held to: on the CPU (its simulation) in tests/test_sync_cases.py, and on CUDA against
-``torch.cuda.set_sync_debug_mode("error")`` in tests/test_gpu.py.
+be held to: on the CPU (its simulation) in tests/syncs/test_sync_cases.py, and on CUDA against
+``torch.cuda.set_sync_debug_mode("error")`` in tests/gpu/test_gpu.py.
 
 Each case names its source: PyTorch's own list in ``test/test_torch.py::test_sync_warning``
 (``expect_sync`` / ``expect_no_sync``), the kernels that read a value back, or the docs'

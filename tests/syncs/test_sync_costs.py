@@ -16,8 +16,8 @@ from gpu_busy.syncs import detect_syncs
 from gpu_busy.syncs.costs import SyncTimeline
 from gpu_busy.syncs.detector import SyncEvent
 from gpu_busy.syncs.sites import SyncSiteTable
-from tests.bound_runs import WideBlobClassifier
-from tests.foreign_modules import BlobData
+from tests.helpers.bound_runs import WideBlobClassifier
+from tests.helpers.foreign_modules import BlobData
 
 # -- scripted timelines (seconds on one host clock) ------------------------------------------
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -548,7 +547,7 @@ def test_under_github_actions_user_syncs_become_annotations_on_the_diff(monkeypa
     from gpu_busy.syncs import allow_syncs
     from gpu_busy.syncs.sites import github_annotations
 
-    monkeypatch.chdir(Path(__file__).parents[1])
+    monkeypatch.chdir(ROOT)
     with detect_syncs(device_type="cpu") as rec:
         _item()
         with allow_syncs("deliberate"):
@@ -556,12 +555,14 @@ def test_under_github_actions_user_syncs_become_annotations_on_the_diff(monkeypa
     table = SyncSiteTable()
     table.add_all(rec.events, step=0, logging=False)
     (line,) = github_annotations(list(table.sites.values()))
-    assert line.startswith(f"::warning file=tests/test_syncs.py,line={rec.events[0].lineno}::")
+    assert line.startswith(
+        f"::warning file=tests/syncs/test_syncs.py,line={rec.events[0].lineno}::"
+    )
     assert "1x Tensor.item()" in line and "self.log" in line
     monkeypatch.setenv("GITHUB_ACTIONS", "true")
     with pytest.raises(AssertionError):
         assert_no_syncs(_item)
-    assert capsys.readouterr().out.startswith("\n::warning file=tests/test_syncs.py,line=")
+    assert capsys.readouterr().out.startswith("\n::warning file=tests/syncs/test_syncs.py,line=")
 
 
 def test_an_optimizers_step_counters_are_host_memory_however_they_were_made():

@@ -23,8 +23,8 @@ from tests.conftest import DEBUG, DEFAULT, HANG_S, ROOT, cli_main
 main = cli_main()  # skips this module where the entry point cannot be imported
 
 FOREIGN = [
-    "--model.class_path=tests.foreign_modules.BlobClassifier",
-    "--data.class_path=tests.foreign_modules.BlobData",
+    "--model.class_path=tests.helpers.foreign_modules.BlobClassifier",
+    "--data.class_path=tests.helpers.foreign_modules.BlobData",
     "--trainer.max_epochs=2",
     "--trainer.log_every_n_steps=4",
 ]
@@ -133,7 +133,7 @@ def test_a_foreign_module_and_datamodule_train_by_class_path_with_every_callback
 
 
 def test_the_num_classes_link_skips_a_model_that_does_not_take_it(in_tmp):
-    args = [*FOREIGN, "--model.class_path=tests.foreign_modules.FixedHeadClassifier"]
+    args = [*FOREIGN, "--model.class_path=tests.helpers.foreign_modules.FixedHeadClassifier"]
     assert main(["fit", "--config", DEFAULT, "--config", DEBUG, *args]) == 0
 
 
@@ -182,7 +182,7 @@ def test_every_documented_metric_is_logged_and_every_logged_one_documented(in_tm
     documented = _documented_metrics()
     assert documented == declared, (documented - declared, declared - documented)
     assert logged <= documented, logged - documented
-    # Under DDP each has a _rank_max twin (tests/test_ddp.py); README says so once.
+    # Under DDP each has a _rank_max twin (tests/whole/test_ddp.py); README says so once.
     assert "_rank_max" in (ROOT / "README.md").read_text()
 
 
@@ -250,8 +250,8 @@ def test_the_gpu_suite_fails_when_a_required_check_skips(tmp_path):
     junit = tmp_path / "gpu_tests.xml"
     junit.write_text(
         '<testsuites><testsuite name="pytest">'
-        '<testcase classname="tests.test_gpu" name="test_a"/>'
-        '<testcase classname="tests.test_gpu" name="test_b">'
+        '<testcase classname="tests.gpu.test_gpu" name="test_a"/>'
+        '<testcase classname="tests.gpu.test_gpu" name="test_b">'
         '<skipped message="the entry point (LightningCLI) needs jsonargparse"/></testcase>'
         "</testsuite></testsuites>"
     )

@@ -184,8 +184,8 @@ def test_the_entry_point_gives_the_callers_matmul_precision_back(in_tmp):
 def test_a_swapped_in_model_is_told_which_of_the_examples_settings_it_takes(in_tmp, capsys):
     """jsonargparse hands a new class_path the init_args it also accepts: the example's
     lr=0.4 would train your model without a word."""
-    swap = ["--model.class_path=tests.foreign_modules.BlobClassifier",
-            "--data.class_path=tests.foreign_modules.BlobData",
+    swap = ["--model.class_path=tests.helpers.foreign_modules.BlobClassifier",
+            "--data.class_path=tests.helpers.foreign_modules.BlobData",
             "--trainer.max_epochs=1"]  # fmt: skip
     assert main(["fit", "--config", DEFAULT, "--config", DEBUG, *swap]) == 0
     err = capsys.readouterr().err
@@ -199,7 +199,7 @@ def test_a_swapped_in_model_is_told_which_of_the_examples_settings_it_takes(in_t
     # settings mean to it what they mean to the example.
     assert main(["fit", "--config", DEFAULT, "--config", DEBUG]) == 0
     assert "from the config files, where they were set" not in capsys.readouterr().err
-    subclass = "--model.class_path=tests.bound_runs.ProgBarImageClassifier"
+    subclass = "--model.class_path=tests.helpers.bound_runs.ProgBarImageClassifier"
     assert main(["fit", "--config", DEFAULT, "--config", DEBUG, subclass]) == 0
     assert "from the config files, where they were set" not in capsys.readouterr().err
 

@@ -1,7 +1,7 @@
 """Lightning programs written the way tutorials and public repositories write them (none
 copied from anywhere), each holding one idiom the sync simulation and the callbacks must
 get right. Trained directly and through ``--model.class_path`` by
-tests/test_foreign_clients.py; each class says what a GPU run does, the truth its test
+tests/whole/test_foreign_clients.py; each class says what a GPU run does, the truth its test
 checks the report against.
 """
 

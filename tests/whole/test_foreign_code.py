@@ -29,7 +29,7 @@ from gpu_busy.callbacks import StreamPrefetcher, SyncPointDetector
 from gpu_busy.idle.causes import thresholds
 from gpu_busy.report.compare import main as compare_main
 from tests.conftest import DEFAULT, ROOT, run_entry_point
-from tests.foreign_modules import BlobClassifier, BlobData
+from tests.helpers.foreign_modules import BlobClassifier, BlobData
 
 
 def default_callbacks() -> list[pl.Callback]:
@@ -245,12 +245,12 @@ def test_a_custom_batch_class_with_gradient_accumulation(tmp_path, caplog):
 
 @pytest.mark.slow
 def test_a_foreign_module_under_two_process_ddp_with_one_slow_rank(tmp_path):
-    # The foreign module, with rank 1 made 40 ms slower per step (tests.bound_runs): every
+    # The foreign module, with rank 1 made 40 ms slower per step (tests.helpers.bound_runs): every
     # report is written once from both ranks' figures, and the verdict names that rank.
     result = run_entry_point(
         ["fit", "--config", DEFAULT, "--config", str(ROOT / "configs" / "debug.yaml"),
-         "--model.class_path=tests.bound_runs.SlowRankClassifier",
-         "--data.class_path=tests.foreign_modules.BlobData",
+         "--model.class_path=tests.helpers.bound_runs.SlowRankClassifier",
+         "--data.class_path=tests.helpers.foreign_modules.BlobData",
          "--trainer.accelerator=cpu", "--trainer.devices=2", "--trainer.max_epochs=3",
          "--trainer.limit_train_batches=null"],
         cwd=tmp_path,

@@ -196,7 +196,7 @@ def test_a_checkpoint_whose_loop_state_disagrees_with_its_step_is_refused(
 
 def test_resuming_mid_epoch_with_another_batch_size_is_refused(in_tmp, capsys):
     mid = in_tmp / "mid.ckpt"
-    stop = ["--trainer.callbacks+=tests.faults_probe.SaveAndStop",
+    stop = ["--trainer.callbacks+=tests.helpers.faults_probe.SaveAndStop",
             "--trainer.callbacks.init_args.step=2",
             f"--trainer.callbacks.init_args.path={mid}"]  # fmt: skip
     assert fit(*stop) == 0
@@ -297,7 +297,7 @@ def test_a_disk_that_fills_mid_run_is_one_line_and_earlier_saves_stay_whole(tmp_
         os.chdir(tmp_path)
         code = main(["fit", *TINY, f"--trainer.logger.init_args.save_dir={runs}",
                      "--trainer.max_epochs=2",
-                     '--trainer.callbacks+={"class_path": "tests.test_bad_inputs.FillTheDisk", '
+                     '--trainer.callbacks+={"class_path": "tests.cli.test_bad_inputs.FillTheDisk", '
                      f'"init_args": {{"folder": "{runs}"}}}}'])  # fmt: skip
         line = one_error_line(capsys)
         assert code != 0 and "cannot save" in line and "No space left" in line, line
@@ -413,7 +413,8 @@ def test_a_decompression_bomb_stops_the_run_naming_the_file(in_tmp, capsys, imag
 def test_max_epochs_minus_one_trains_until_stopped(in_tmp):
     """Lightning's "no limit": the LR schedule must not divide by an infinite step count."""
     # Stopped after a counted number of steps, not a time: a loaded machine runs fewer.
-    assert fit("--trainer.max_epochs=-1", "--trainer.callbacks+=tests.faults_probe.SaveAndStop",
+    assert fit("--trainer.max_epochs=-1",
+               "--trainer.callbacks+=tests.helpers.faults_probe.SaveAndStop",
                "--trainer.callbacks.init_args.step=6",
                "--trainer.callbacks.init_args.path=stopped.ckpt") == 0  # fmt: skip
     last = load(in_tmp / "stopped.ckpt")
@@ -433,7 +434,8 @@ def test_a_yaml_error_names_its_file(in_tmp, capsys):
 def test_ctrl_c_twice_is_our_line(tmp_path):
     """The first Ctrl+C asks for a save at the step's end; a second one stops at once."""
     result = run_entry_point(
-        ["fit", *TINY, "--trainer.max_epochs=2", "--trainer.callbacks+=tests.faults_probe.SignalAt",
+        ["fit", *TINY, "--trainer.max_epochs=2",
+         "--trainer.callbacks+=tests.helpers.faults_probe.SignalAt",
          "--trainer.callbacks.init_args.step=2", "--trainer.callbacks.init_args.signal=SIGINT",
          "--trainer.callbacks.init_args.times=2"],
         cwd=tmp_path,

@@ -134,14 +134,14 @@ def _saved_and_stopped(result, root: Path, step: int) -> Path:
 
 @pytest.mark.slow
 def test_sigterm_saves_a_checkpoint_that_resumes_exactly(in_tmp, capsys):
-    from tests.test_resume import RUN, assert_same_training_state, fit, steps
+    from tests.resume.test_resume import RUN, assert_same_training_state, fit, steps
 
     fit(in_tmp, "whole")
     result = run_entry_point(
         [*RUN, "--trainer.logger.init_args.name=split",
-         "--trainer.callbacks+=tests.faults_probe.RecordBatches",
+         "--trainer.callbacks+=tests.helpers.faults_probe.RecordBatches",
          f"--trainer.callbacks.init_args.path={in_tmp / 'split.batches'}",
-         "--trainer.callbacks+=tests.faults_probe.SignalAt",
+         "--trainer.callbacks+=tests.helpers.faults_probe.SignalAt",
          "--trainer.callbacks.init_args.step=5"],
         cwd=in_tmp,
     )  # fmt: skip
@@ -176,14 +176,14 @@ def test_sigterm_to_the_process_group_with_workers_saves_and_resumes_exactly(
     persistent DataLoader workers too, gets SIGTERM. The workers leave it to the main
     process, which saves and stops; the resumed run ends where one that never stopped
     ends."""
-    from tests.test_resume import RUN, assert_same_training_state, fit, steps
+    from tests.resume.test_resume import RUN, assert_same_training_state, fit, steps
 
     fit(in_tmp, "whole", "--data.num_workers=2")
     result = run_entry_point(
         [*RUN, "--data.num_workers=2", "--trainer.logger.init_args.name=split",
-         "--trainer.callbacks+=tests.faults_probe.RecordBatches",
+         "--trainer.callbacks+=tests.helpers.faults_probe.RecordBatches",
          f"--trainer.callbacks.init_args.path={in_tmp / 'split.batches'}",
-         "--trainer.callbacks+=tests.faults_probe.SignalAt",
+         "--trainer.callbacks+=tests.helpers.faults_probe.SignalAt",
          f"--trainer.callbacks.init_args.step={step}", "--trainer.callbacks.init_args.group=true",
          f"--trainer.callbacks.init_args.in_validation={where == 'validation'}"],
         cwd=in_tmp, new_session=True,
@@ -204,10 +204,10 @@ def test_workers_that_die_with_the_group_do_not_stop_the_save(tmp_path):
     result = run_entry_point(
         ["fit", "--config", DEFAULT, "--config", DEBUG, "--trainer.max_epochs=2",
          "--trainer.limit_train_batches=16",
-         "--model.class_path=tests.foreign_modules.BlobClassifier",
-         "--data.class_path=tests.foreign_modules.BlobData", "--data.batch_size=8",
+         "--model.class_path=tests.helpers.foreign_modules.BlobClassifier",
+         "--data.class_path=tests.helpers.foreign_modules.BlobData", "--data.batch_size=8",
          "--data.num_workers=2",
-         "--trainer.callbacks+=tests.faults_probe.SignalAt",
+         "--trainer.callbacks+=tests.helpers.faults_probe.SignalAt",
          "--trainer.callbacks.init_args.step=2", "--trainer.callbacks.init_args.group=true"],
         cwd=tmp_path, new_session=True,
     )  # fmt: skip
@@ -225,7 +225,7 @@ def test_workers_that_die_with_the_group_do_not_stop_the_save(tmp_path):
 def test_ctrl_c_saves_and_exits_130(tmp_path):
     result = run_entry_point(
         ["fit", "--config", DEFAULT, "--config", DEBUG, "--trainer.max_epochs=2",
-         "--trainer.callbacks+=tests.faults_probe.SignalAt",
+         "--trainer.callbacks+=tests.helpers.faults_probe.SignalAt",
          "--trainer.callbacks.init_args.step=2", "--trainer.callbacks.init_args.signal=SIGINT"],
         cwd=tmp_path,
     )  # fmt: skip
@@ -240,7 +240,7 @@ def test_sigterm_before_training_is_one_line_and_exit_143(tmp_path):
     # Before on_train_start the signal is still Lightning's, which would exit 0.
     result = run_entry_point(
         ["fit", "--config", DEFAULT, "--config", DEBUG, "--trainer.num_sanity_val_steps=2",
-         "--trainer.callbacks+=tests.faults_probe.SignalAt",
+         "--trainer.callbacks+=tests.helpers.faults_probe.SignalAt",
          "--trainer.callbacks.init_args.step=-1"],
         cwd=tmp_path,
     )  # fmt: skip
@@ -269,9 +269,9 @@ def _all_exited(tmp_path: Path) -> bool:
 @pytest.mark.slow
 def test_ddp_sigterm_on_one_rank_stops_every_rank_at_the_same_step(tmp_path):
     result = run_entry_point(
-        [*DDP, "--trainer.callbacks+=tests.faults_probe.SignalAt",
+        [*DDP, "--trainer.callbacks+=tests.helpers.faults_probe.SignalAt",
          "--trainer.callbacks.init_args.step=1", "--trainer.callbacks.init_args.rank=1",
-         "--trainer.callbacks+=tests.faults_probe.FailAt",  # here only to record the pids
+         "--trainer.callbacks+=tests.helpers.faults_probe.FailAt",  # here only to record the pids
          "--trainer.callbacks.init_args.step=-1"],
         cwd=tmp_path, timeout=HANG_S,
     )  # fmt: skip
@@ -295,9 +295,9 @@ def test_ddp_sigterm_on_one_rank_at_the_end_of_fit_ends_both_without_a_hang(tmp_
     # that collective pairs with another rank's gather. The template's handler, kept until
     # teardown, only takes note.
     result = run_entry_point(
-        [*DDP, "--trainer.max_epochs=1", "--trainer.callbacks+=tests.faults_probe.SignalAt",
+        [*DDP, "--trainer.max_epochs=1", "--trainer.callbacks+=tests.helpers.faults_probe.SignalAt",
          "--trainer.callbacks.init_args.step=-2", "--trainer.callbacks.init_args.rank=1",
-         "--trainer.callbacks+=tests.faults_probe.FailAt",  # here only to record the pids
+         "--trainer.callbacks+=tests.helpers.faults_probe.FailAt",  # here only to record the pids
          "--trainer.callbacks.init_args.step=-1"],
         cwd=tmp_path, timeout=HANG_S,
     )  # fmt: skip
@@ -317,7 +317,7 @@ def test_ddp_sigterm_on_one_rank_at_the_end_of_fit_ends_both_without_a_hang(tmp_
 )
 def test_a_failed_rank_ends_every_rank_promptly_naming_it(tmp_path, rank, how, says):
     result = run_entry_point(
-        [*DDP, "--trainer.callbacks+=tests.faults_probe.FailAt",
+        [*DDP, "--trainer.callbacks+=tests.helpers.faults_probe.FailAt",
          "--trainer.callbacks.init_args.step=2", f"--trainer.callbacks.init_args.rank={rank}",
          f"--trainer.callbacks.init_args.how={how}"],
         cwd=tmp_path, timeout=HANG_S,
@@ -424,7 +424,7 @@ def test_a_master_port_in_use_is_one_line_and_leaves_no_process(tmp_path):
         taken.listen()
         port = taken.getsockname()[1]
         result = run_entry_point(
-            [*DDP, "--trainer.callbacks+=tests.faults_probe.FailAt",  # records the pids
+            [*DDP, "--trainer.callbacks+=tests.helpers.faults_probe.FailAt",  # records the pids
              "--trainer.callbacks.init_args.step=-1"],
             cwd=tmp_path, timeout=HANG_S,
             env={"MASTER_PORT": str(port), "MASTER_ADDR": "127.0.0.1"},
@@ -470,7 +470,7 @@ def test_a_rank_that_stops_the_run_ends_the_ranks_it_started_even_frozen(monkeyp
 def test_a_run_directory_deleted_mid_run_costs_its_old_logs_not_the_run(tmp_path):
     result = run_entry_point(
         ["fit", "--config", DEFAULT, "--config", DEBUG, "--trainer.max_epochs=2",
-         "--trainer.callbacks+=tests.faults_probe.BreakRunDirAt",
+         "--trainer.callbacks+=tests.helpers.faults_probe.BreakRunDirAt",
          "--trainer.callbacks.init_args.step=2"],
         cwd=tmp_path,
     )  # fmt: skip

@@ -16,13 +16,13 @@ RUN = ["fit", "--config", DEFAULT, "--config", DEBUG, "--trainer.max_epochs=2",
        "--data.num_workers=1"]  # fmt: skip
 
 
-STOP = "--trainer.callbacks+=tests.faults_probe.SaveAndStop"
+STOP = "--trainer.callbacks+=tests.helpers.faults_probe.SaveAndStop"
 
 
 def fit(tmp_path: Path, name: str, *extra: str) -> None:
     record = f"--trainer.callbacks.init_args.path={tmp_path / (name + '.batches')}"
-    args = [*RUN, f"--trainer.logger.init_args.name={name}",
-            "--trainer.callbacks+=tests.faults_probe.RecordBatches", record, *extra]  # fmt: skip
+    probe = "--trainer.callbacks+=tests.helpers.faults_probe.RecordBatches"
+    args = [*RUN, f"--trainer.logger.init_args.name={name}", probe, record, *extra]
     assert main(args) == 0
 
 

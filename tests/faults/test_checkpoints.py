@@ -153,7 +153,7 @@ def test_a_slurm_requeue_save_lands_with_the_run_and_last_finds_it(tmp_path):
 
     args = ["fit", "--config", DEFAULT, "--config", DEBUG, "--trainer.max_epochs=2"]
     first = run_entry_point(
-        [*args, "--trainer.callbacks+=tests.faults_probe.RequeueSaveAt",
+        [*args, "--trainer.callbacks+=tests.helpers.faults_probe.RequeueSaveAt",
          "--trainer.callbacks.init_args.step=2"],
         cwd=tmp_path,
     )  # fmt: skip

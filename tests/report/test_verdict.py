@@ -13,8 +13,8 @@ from lightning.pytorch.loggers import CSVLogger
 from gpu_busy.callbacks import IdleTimeMonitor, RunSummary, SyncPointDetector
 from gpu_busy.idle.causes import thresholds
 from gpu_busy.report.verdict import decide
-from tests.bound_runs import SlowBlobData, WideBlobClassifier
-from tests.foreign_modules import BlobClassifier, BlobData
+from tests.helpers.bound_runs import SlowBlobData, WideBlobClassifier
+from tests.helpers.foreign_modules import BlobClassifier, BlobData
 
 
 def gpu_report(**figures) -> dict:
@@ -135,7 +135,7 @@ def test_host_work_between_steps_is_called_the_hosts(tmp_path, caplog):
 
 
 # One slow rank under 2-process CPU DDP, through the real entry point: with the other
-# foreign-module DDP checks, tests/test_foreign_code.py (one process pair, not two).
+# foreign-module DDP checks, tests/whole/test_foreign_code.py (one process pair, not two).
 
 
 def test_a_fit_too_short_to_time_says_how_many_batches_it_needs(tmp_path, caplog):

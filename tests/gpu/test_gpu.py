@@ -142,7 +142,7 @@ def test_copies_of_the_next_batch_overlap_the_current_steps_kernels(tmp_path):
 def test_callback_on_cuda_delivers_the_same_batches_and_measures_exposure(tmp_path):
 
     from gpu_busy.callbacks import StreamPrefetcher
-    from tests.test_stream_prefetcher import Numbers, Reads, Recorder
+    from tests.prefetch.test_stream_prefetcher import Numbers, Reads, Recorder
 
     def fit(callbacks, pin):
         Reads.count = 0
@@ -260,7 +260,7 @@ def test_default_config_steady_steps_run_under_sync_debug_error(in_tmp):
             "fit", "--config", DEFAULT, "--config", DEBUG,
             "--trainer.limit_train_batches=16", "--trainer.max_epochs=2",
             "--trainer.log_every_n_steps=8", "--data.num_workers=2",
-            "--trainer.callbacks+=tests.test_gpu.ErrorOnSteadySyncs",
+            "--trainer.callbacks+=tests.gpu.test_gpu.ErrorOnSteadySyncs",
         ]
     )  # fmt: skip
     assert code == 0
@@ -386,7 +386,7 @@ def _cuda_waits(run) -> bool:
 
 
 def _case_ids():
-    from tests.sync_cases import CASES
+    from tests.helpers.sync_cases import CASES
 
     return CASES, [c.name for c in CASES]
 
@@ -394,7 +394,7 @@ def _case_ids():
 @pytest.mark.parametrize("case", _case_ids()[0], ids=_case_ids()[1])
 def test_the_detector_agrees_with_cudas_sync_debug_mode(case):
     from gpu_busy.syncs import detect_syncs
-    from tests.sync_cases import Tensors
+    from tests.helpers.sync_cases import Tensors
 
     t = Tensors("cuda")
     torch.cuda.synchronize()
@@ -413,7 +413,7 @@ def main(args: list[str]) -> int:
 
 
 # -- CUDA's sync warnings, one event each; the debug mode armed only where it is read -------
-# (their CPU stand-ins: tests/test_cuda_route.py)
+# (their CPU stand-ins: tests/syncs/test_cuda_route.py)
 
 
 def test_stream_synchronize_and_a_backward_sync_are_one_event_each_on_cuda():

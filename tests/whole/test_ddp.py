@@ -19,7 +19,7 @@ def test_two_rank_cpu_ddp_trains_disjoint_shards_and_logs_once(tmp_path):
         [
             "fit", "--config", DEFAULT, "--config", DEBUG,
             "--trainer.accelerator=cpu", "--trainer.devices=2",
-            "--trainer.callbacks+=tests.ddp_probe.RecordShards",
+            "--trainer.callbacks+=tests.helpers.ddp_probe.RecordShards",
             f"--data.synthetic_train_size={size}", "--data.batch_size=32",
             "--data.augment=false", "--trainer.limit_train_batches=8",
             "--trainer.log_every_n_steps=4",

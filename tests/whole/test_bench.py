@@ -3,23 +3,22 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
 
 import pytest
 import torch
 
-from bench.end_to_end import HostAugmented, PlainClassifier
+from bench.workload import Images, PlainClassifier
 from gpu_busy.syncs import detect_syncs
-from template.data.synthetic import make_shapes
 from tests.conftest import HANG_S, ROOT
 
 
 def test_the_plain_arm_is_what_a_first_setup_does():
     """float32 images augmented on the host, and a step that reads the loss back."""
-    from template.data.sources import InMemoryImages
-
-    image, label = HostAugmented(InMemoryImages(*make_shapes(4, seed=0)))[0]
+    image, label = Images(train_size=4, host_augment=True).train_set[0]
     assert image.dtype == torch.float32 and image.shape == (3, 32, 32)
     model = PlainClassifier(width=4)
     model.log = lambda *args, **kwargs: None  # no Trainer here
@@ -29,10 +28,22 @@ def test_the_plain_arm_is_what_a_first_setup_does():
 
 
 @pytest.mark.slow
-def test_quick_suite_runs_on_the_cpu_and_ends_with_its_table(tmp_path):
+def test_quick_suite_runs_on_the_cpu_without_the_example_and_ends_with_its_table(tmp_path):
+    """In a copy of the project whose example model and data are deleted: the benchmarks
+    bring their own."""
+    project = tmp_path / "project"
+    listed = ["git", "ls-files", "--cached", "--others", "--exclude-standard"]
+    tracked = subprocess.run(listed, cwd=ROOT, capture_output=True, text=True)
+    for name in tracked.stdout.splitlines():
+        if name.startswith(("template/models/", "template/data/")) or not (ROOT / name).is_file():
+            continue
+        (project / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / name, project / name)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     done = subprocess.run(
         [sys.executable, "-m", "bench", "--quick", "--device", "cpu", "--out", str(tmp_path)],
-        cwd=ROOT,
+        cwd=project,
+        env=env,
         capture_output=True,
         text=True,
         timeout=HANG_S,
@@ -42,7 +53,7 @@ def test_quick_suite_runs_on_the_cpu_and_ends_with_its_table(tmp_path):
     assert table[0].split() == ["claim", "measured", "goal"]
     rows = "\n".join(table)
     assert "2 prefetch" in rows and "3 idle error" in rows and rows.count("not run (no GPU)") == 2
-    assert "5 make train to first step" in rows
+    assert "5 CLI to first step" in rows
     results = json.loads((tmp_path / "bench.json").read_text())
     assert results["prefetch"] == results["idle_accuracy"] == "not run (no GPU)"
     e2e = results["end_to_end"]["synthetic"]

@@ -1,0 +1,1 @@
+"""Modules the tests share: models, data, probes and stand-ins (not tests themselves)."""

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import os
 
-import lightning.pytorch as pl
 import pytest
 from lightning.fabric.plugins.environments import SLURMEnvironment, TorchElasticEnvironment
+
+from tests.helpers.trainers import quiet_trainer
 
 CLUSTER_VARS = (
     "RANK", "LOCAL_RANK", "GROUP_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
@@ -44,7 +45,7 @@ def test_torchrun_variables(clean_env):
         "TORCHELASTIC_RUN_ID": "job",
     }.items():  # fmt: skip
         clean_env.setenv(name, value)
-    trainer = pl.Trainer(accelerator="cpu", devices=2, num_nodes=2, strategy="ddp", logger=False)
+    trainer = quiet_trainer(devices=2, num_nodes=2, strategy="ddp")
     assert isinstance(trainer.strategy.cluster_environment, TorchElasticEnvironment)
     assert (trainer.world_size, trainer.global_rank) == (4, 3)
     assert (trainer.node_rank, trainer.local_rank) == (1, 1)
@@ -58,7 +59,7 @@ def test_slurm_variables(clean_env):
         "SLURM_JOB_ID": "1234", "SLURM_JOB_NAME": "train",
     }.items():  # fmt: skip
         clean_env.setenv(name, value)
-    trainer = pl.Trainer(accelerator="cpu", devices=2, num_nodes=2, strategy="ddp", logger=False)
+    trainer = quiet_trainer(devices=2, num_nodes=2, strategy="ddp")
     environment = trainer.strategy.cluster_environment
     assert isinstance(environment, SLURMEnvironment)
     assert (trainer.world_size, trainer.global_rank) == (4, 2)

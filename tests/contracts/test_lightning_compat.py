@@ -10,10 +10,11 @@ import lightning.pytorch as pl
 
 from gpu_busy import lightning_compat as compat
 from gpu_busy.lightning_compat import is_logging_step
+from tests.helpers.trainers import quiet_trainer
 
 
 def test_logger_connector_should_update_logs_exists():
-    trainer = pl.Trainer(accelerator="cpu", logger=False, enable_checkpointing=False)
+    trainer = quiet_trainer()
     assert hasattr(trainer, "_logger_connector"), "Trainer._logger_connector was renamed"
     assert hasattr(type(trainer._logger_connector), "should_update_logs"), (
         "_LoggerConnector.should_update_logs was renamed"
@@ -30,14 +31,8 @@ def test_is_logging_step_matches_lightnings_logging_steps(tmp_path):
 
     from lightning.pytorch.demos.boring_classes import BoringModel
 
-    trainer = pl.Trainer(
-        accelerator="cpu",
-        max_steps=9,
-        log_every_n_steps=3,
-        callbacks=[Probe()],
-        default_root_dir=tmp_path,
-        enable_progress_bar=False,
-        enable_model_summary=False,
+    trainer = quiet_trainer(
+        max_steps=9, log_every_n_steps=3, callbacks=[Probe()], default_root_dir=tmp_path
     )
     trainer.fit(BoringModel())
     # Lightning writes on steps 3, 6, 9 (1-based): the 3rd, 6th and 9th batches.
@@ -73,19 +68,14 @@ def test_fetcher_and_loader_internals_exist_in_every_loop(tmp_path):
         def on_predict_batch_start(self, trainer, *args):
             check("predict", trainer.predict_loop)
 
-    trainer = pl.Trainer(
-        accelerator="cpu",
+    trainer = quiet_trainer(
         max_epochs=1,
         limit_train_batches=4,
         limit_val_batches=4,
         limit_test_batches=4,
         limit_predict_batches=4,
-        num_sanity_val_steps=0,
         callbacks=[Probe()],
         default_root_dir=tmp_path,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
     )
     model = BoringModel()
     trainer.fit(model)
@@ -195,10 +185,13 @@ def test_epoch_position_counts_the_batch_just_trained_and_rolls_over_at_epoch_en
             if not trainer.sanity_checking:
                 seen.append(("val", epoch_position(trainer)))
 
-    trainer = pl.Trainer(accelerator="cpu", max_epochs=2, limit_train_batches=3,
-                         limit_val_batches=1, callbacks=[Probe()], default_root_dir=tmp_path,
-                         enable_progress_bar=False, enable_model_summary=False, logger=False,
-                         enable_checkpointing=False)  # fmt: skip
+    trainer = quiet_trainer(
+        max_epochs=2,
+        limit_train_batches=3,
+        limit_val_batches=1,
+        callbacks=[Probe()],
+        default_root_dir=tmp_path,
+    )
     trainer.fit(BoringModel())
     assert seen == [
         ("batch", (0, 1)), ("batch", (0, 2)), ("batch", (1, 0)), ("val", (1, 0)),
@@ -283,11 +276,7 @@ def test_lightnings_teardown_puts_back_the_handler_we_keep(tmp_path):
 
     before = signal.getsignal(signal.SIGTERM)
     stop = StopOnSignal()
-    trainer = pl.Trainer(
-        accelerator="cpu", max_steps=2, logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path,
-        callbacks=[stop, Probe()],
-    )  # fmt: skip
+    trainer = quiet_trainer(max_steps=2, default_root_dir=tmp_path, callbacks=[stop, Probe()])
     connector = trainer._signal_connector
     assert hasattr(connector, "_original_handlers") or hasattr(type(connector), "teardown")
     trainer.fit(BoringModel())
@@ -327,9 +316,7 @@ def test_prog_bar_conversions_are_found_at_the_line_that_logged_them(tmp_path):
         def on_train_end(self, trainer, pl_module):
             self.undo()
 
-    trainer = pl.Trainer(accelerator="cpu", max_steps=2, logger=False, callbacks=[Probe()],
-                         enable_progress_bar=False, enable_checkpointing=False,
-                         enable_model_summary=False, default_root_dir=tmp_path)  # fmt: skip
+    trainer = quiet_trainer(max_steps=2, callbacks=[Probe()], default_root_dir=tmp_path)
     with logged.install():
         assert pl.LightningModule.log is not BoringModel.__dict__.get("log")
         trainer.fit(Logs())

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import fsspec.implementations.local as local_fs
-import lightning.pytorch as pl
 import pytest
 import torch
 
 from tests.conftest import DEBUG, DEFAULT, cli_main
+from tests.helpers.trainers import quiet_trainer
 
 
 def test_an_interrupted_checkpoint_write_leaves_the_previous_checkpoint_whole(
@@ -19,8 +19,7 @@ def test_an_interrupted_checkpoint_write_leaves_the_previous_checkpoint_whole(
     from lightning.pytorch.demos.boring_classes import BoringModel
 
     model = BoringModel()
-    trainer = pl.Trainer(max_steps=2, logger=False, enable_progress_bar=False,
-                         enable_model_summary=False, default_root_dir=tmp_path)  # fmt: skip
+    trainer = quiet_trainer(max_steps=2, default_root_dir=tmp_path)
     trainer.fit(model)
     path = tmp_path / "last.ckpt"
     trainer.save_checkpoint(path)

@@ -10,6 +10,7 @@ import torch
 
 from template.data.augment import DeviceAugment
 from tests.conftest import DEBUG, DEFAULT, cli_main
+from tests.helpers.trainers import quiet_trainer
 
 pytestmark = pytest.mark.gpu
 
@@ -152,15 +153,10 @@ def test_callback_on_cuda_delivers_the_same_batches_and_measures_exposure(tmp_pa
                 return torch.utils.data.DataLoader(self.train_set, batch_size=4, pin_memory=pin)
 
         model = Model(train=Numbers(40), val=Numbers(8, offset=100))
-        pl.Trainer(
+        quiet_trainer(
             accelerator="gpu",
-            devices=1,
             max_epochs=2,
             val_check_interval=0.5,
-            logger=False,
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
             default_root_dir=tmp_path,
             callbacks=callbacks,
         ).fit(model)
@@ -307,13 +303,19 @@ def test_an_injected_delay_through_fit_with_the_default_callbacks_is_a_sync_stal
 
     def fit(delay_ms: float) -> dict:
         monitor = IdleTimeMonitor(warmup_steps=5, picture=False, log_stats=False)
-        trainer = pl.Trainer(
-            accelerator="gpu", devices=1, max_epochs=1, limit_train_batches=40,
-            limit_val_batches=0, logger=False, enable_checkpointing=False,
-            enable_progress_bar=False, enable_model_summary=False,
-            callbacks=[StreamPrefetcher(), SyncPointDetector(), _DrainThenWait(delay_ms),
-                       monitor, RunSummary()],
-        )  # fmt: skip
+        trainer = quiet_trainer(
+            accelerator="gpu",
+            max_epochs=1,
+            limit_train_batches=40,
+            limit_val_batches=0,
+            callbacks=[
+                StreamPrefetcher(),
+                SyncPointDetector(),
+                _DrainThenWait(delay_ms),
+                monitor,
+                RunSummary(),
+            ],
+        )
         trainer.fit(Spin())
         return monitor.report["mean"]
 
@@ -475,11 +477,12 @@ def test_a_cuda_fit_reports_one_event_per_sync_and_arms_the_mode_only_in_steps(t
 
     spy = _CudaModeSpy()
     detector = SyncPointDetector(first_steps=8, log_stats=False)
-    trainer = pl.Trainer(
-        accelerator="gpu", devices=1, max_epochs=2, logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path,
+    trainer = quiet_trainer(
+        accelerator="gpu",
+        max_epochs=2,
+        default_root_dir=tmp_path,
         callbacks=[IdleTimeMonitor(picture=False, log_stats=False), detector, spy],
-    )  # fmt: skip
+    )
     trainer.fit(_OneItemPerStep())
     assert detector.totals.watched >= 8
     assert detector.totals.syncs == detector.totals.watched, detector.table.render()
@@ -529,11 +532,13 @@ def test_idle_causes_on_cuda_mean_what_they_say(callback):
     ms = 4.0
     extra = _HostBeforeStep(ms) if callback == "host before the step" else _KernelsAfterStep(ms)
     monitor = IdleTimeMonitor(warmup_steps=5, picture=False, log_stats=False)
-    trainer = pl.Trainer(
-        accelerator="gpu", devices=1, max_epochs=1, limit_train_batches=30, limit_val_batches=0,
-        logger=False, enable_checkpointing=False, enable_progress_bar=False,
-        enable_model_summary=False, callbacks=[extra, monitor],
-    )  # fmt: skip
+    trainer = quiet_trainer(
+        accelerator="gpu",
+        max_epochs=1,
+        limit_train_batches=30,
+        limit_val_batches=0,
+        callbacks=[extra, monitor],
+    )
     trainer.fit(BoringModel())
     mean = monitor.report["mean"]
     if callback == "host before the step":

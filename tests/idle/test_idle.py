@@ -25,6 +25,7 @@ from gpu_busy.idle.intervals import gaps, merge, overlap_length, union_length
 from gpu_busy.report.idle import build_report, render_table
 from gpu_busy.report.picture import batch_breakdown
 from tests.conftest import DEBUG, DEFAULT, cli_main
+from tests.helpers.trainers import quiet_trainer
 
 # -- intervals -----------------------------------------------------------------------
 
@@ -650,11 +651,12 @@ class _SlowEndOfBatch(pl.Callback):
 
 def test_the_timer_brackets_the_step_itself_wherever_the_monitor_is_listed(tmp_path, host_clock):
     monitor = IdleTimeMonitor(warmup_steps=1, picture=False, log_stats=False)
-    trainer = pl.Trainer(
-        accelerator="cpu", max_epochs=1, limit_train_batches=8, limit_val_batches=0,
-        logger=False, enable_progress_bar=False, enable_model_summary=False,
-        enable_checkpointing=False, callbacks=[_SlowEndOfBatch(host_clock), monitor],
-    )  # fmt: skip
+    trainer = quiet_trainer(
+        max_epochs=1,
+        limit_train_batches=8,
+        limit_val_batches=0,
+        callbacks=[_SlowEndOfBatch(host_clock), monitor],
+    )
     trainer.fit(BoringModel())
     mean = monitor.report["mean"]
     # The other callback's 20 ms is not the step's: it is idle between steps. (The scripted

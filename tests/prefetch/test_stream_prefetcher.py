@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from gpu_busy.batch_routing import _is_routed
 from gpu_busy.callbacks import StreamPrefetcher
+from tests.helpers.trainers import quiet_trainer
 
 
 class Reads:
@@ -107,17 +108,7 @@ def run(fn: str, module_args: dict, trainer_args: dict, tmp_path, prefetch=None)
     Reads.count = 0
     model = Recorder(**module_args)
     callbacks = [prefetch] if prefetch is not None else []
-    trainer = pl.Trainer(
-        accelerator="cpu",
-        devices=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        default_root_dir=tmp_path,
-        callbacks=callbacks,
-        **trainer_args,
-    )
+    trainer = quiet_trainer(default_root_dir=tmp_path, callbacks=callbacks, **trainer_args)
     getattr(trainer, fn)(model)
     return model, Reads.count, trainer
 
@@ -261,16 +252,8 @@ class DictModel(Recorder):
 def test_collection_batches_through_lightning(tmp_path):
     def fit(callbacks):
         model = DictModel(train=None)
-        pl.Trainer(
-            accelerator="cpu",
-            max_epochs=1,
-            logger=False,
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-            limit_val_batches=0,
-            default_root_dir=tmp_path,
-            callbacks=callbacks,
+        quiet_trainer(
+            max_epochs=1, limit_val_batches=0, default_root_dir=tmp_path, callbacks=callbacks
         ).fit(model)
         return model.seen
 
@@ -289,16 +272,8 @@ def test_steps_aside_when_a_transfer_hook_is_overridden(tmp_path, caplog):
     Reads.count = 0
     model = CustomTransfer(train=Numbers(8))
     with caplog.at_level(logging.WARNING):
-        pl.Trainer(
-            accelerator="cpu",
-            max_epochs=1,
-            logger=False,
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-            limit_val_batches=0,
-            default_root_dir=tmp_path,
-            callbacks=[prefetch],
+        quiet_trainer(
+            max_epochs=1, limit_val_batches=0, default_root_dir=tmp_path, callbacks=[prefetch]
         ).fit(model)
     assert not prefetch.enabled
     assert "CustomTransfer.transfer_batch_to_device" in caplog.text
@@ -310,14 +285,10 @@ def test_figures_reach_the_logger(tmp_path):
     from lightning.pytorch.loggers import CSVLogger
 
     model = Recorder(train=Numbers(40), val=Numbers(4, offset=100))
-    trainer = pl.Trainer(
-        accelerator="cpu",
+    trainer = quiet_trainer(
         max_epochs=1,
         log_every_n_steps=5,
         logger=CSVLogger(tmp_path),
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
         callbacks=[StreamPrefetcher()],
     )
     trainer.fit(model)
@@ -340,15 +311,12 @@ def test_resume_from_a_mid_epoch_checkpoint(tmp_path):
 
     module_args = {"train": Numbers(20)}
     ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=3, save_top_k=-1)
-    pl.Trainer(
-        accelerator="cpu",
+    quiet_trainer(
         max_epochs=1,
-        logger=False,
         callbacks=[ckpt],
-        enable_progress_bar=False,
-        enable_model_summary=False,
         limit_val_batches=0,
         default_root_dir=tmp_path,
+        enable_checkpointing=True,
     ).fit(Recorder(**module_args))
     mid_epoch = tmp_path / "ckpt" / "epoch=0-step=6.ckpt"
     assert mid_epoch.exists()
@@ -356,16 +324,8 @@ def test_resume_from_a_mid_epoch_checkpoint(tmp_path):
     def resume(callbacks):
         Reads.count = 0
         model = Recorder(**module_args)
-        pl.Trainer(
-            accelerator="cpu",
-            max_epochs=2,
-            logger=False,
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-            limit_val_batches=0,
-            default_root_dir=tmp_path,
-            callbacks=callbacks,
+        quiet_trainer(
+            max_epochs=2, limit_val_batches=0, default_root_dir=tmp_path, callbacks=callbacks
         ).fit(model, ckpt_path=mid_epoch)
         return model.seen, Reads.count
 

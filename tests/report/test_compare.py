@@ -13,17 +13,17 @@ from gpu_busy.report.compare import main
 from gpu_busy.report.files import SCHEMA_VERSION, write_report
 from tests.helpers.bound_runs import SyncFreeBlobClassifier
 from tests.helpers.foreign_modules import BlobClassifier, BlobData
+from tests.helpers.trainers import quiet_trainer
 
 
 def fit(folder, model) -> str:
     pl.seed_everything(0)
-    trainer = pl.Trainer(
-        accelerator="cpu", max_epochs=2, logger=CSVLogger(folder), enable_progress_bar=False,
-        enable_model_summary=False, enable_checkpointing=False, num_sanity_val_steps=0,
+    trainer = quiet_trainer(
+        max_epochs=2,
+        logger=CSVLogger(folder),
         limit_val_batches=0,
-        callbacks=[SyncPointDetector(first_steps=6), IdleTimeMonitor(warmup_steps=2),
-                   RunSummary()],
-    )  # fmt: skip
+        callbacks=[SyncPointDetector(first_steps=6), IdleTimeMonitor(warmup_steps=2), RunSummary()],
+    )
     trainer.fit(model, BlobData())
     return trainer.log_dir
 

@@ -15,6 +15,7 @@ from gpu_busy.idle.causes import thresholds
 from gpu_busy.report.verdict import decide
 from tests.helpers.bound_runs import SlowBlobData, WideBlobClassifier
 from tests.helpers.foreign_modules import BlobClassifier, BlobData
+from tests.helpers.trainers import quiet_trainer
 
 
 def gpu_report(**figures) -> dict:
@@ -91,12 +92,12 @@ def test_one_slow_rank_is_named_from_the_loader_or_the_backward_wait():
 
 def fit_and_read(tmp_path, model, data, caplog, extra=()) -> tuple[dict, list[str]]:
     pl.seed_everything(0)
-    trainer = pl.Trainer(
-        accelerator="cpu", max_epochs=2, logger=CSVLogger(tmp_path), enable_progress_bar=False,
-        enable_model_summary=False, enable_checkpointing=False, num_sanity_val_steps=0,
+    trainer = quiet_trainer(
+        max_epochs=2,
+        logger=CSVLogger(tmp_path),
         limit_val_batches=0,
         callbacks=[SyncPointDetector(), IdleTimeMonitor(warmup_steps=3), RunSummary(), *extra],
-    )  # fmt: skip
+    )
     with caplog.at_level(logging.INFO, logger="gpu_busy"):
         trainer.fit(model, data)
     run = json.loads((tmp_path / "lightning_logs" / "version_0" / "run.json").read_text())
@@ -141,11 +142,13 @@ def test_host_work_between_steps_is_called_the_hosts(tmp_path, caplog):
 def test_a_fit_too_short_to_time_says_how_many_batches_it_needs(tmp_path, caplog):
     """Three batches an epoch, all warm-up: the table and the verdict say n/a once, and why."""
     pl.seed_everything(0)
-    trainer = pl.Trainer(
-        accelerator="cpu", max_epochs=1, limit_train_batches=3, logger=CSVLogger(tmp_path),
-        enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
-        limit_val_batches=0, callbacks=[IdleTimeMonitor(warmup_steps=5), RunSummary()],
-    )  # fmt: skip
+    trainer = quiet_trainer(
+        max_epochs=1,
+        limit_train_batches=3,
+        logger=CSVLogger(tmp_path),
+        limit_val_batches=0,
+        callbacks=[IdleTimeMonitor(warmup_steps=5), RunSummary()],
+    )
     with caplog.at_level(logging.INFO, logger="gpu_busy"):
         trainer.fit(BlobClassifier(num_classes=5), BlobData())
     lines = [r.getMessage() for r in caplog.records]

@@ -19,6 +19,7 @@ from gpu_busy import cuda_sync_warnings
 from gpu_busy.syncs import SyncError, detect_syncs
 from gpu_busy.syncs.rules import ATEN_RULES
 from tests.helpers import cuda_standin
+from tests.helpers.trainers import quiet_trainer
 
 # Device memory in the simulation: made before any detector is entered.
 x = torch.arange(6.0) - 2
@@ -168,11 +169,13 @@ def test_a_fit_with_two_syncs_per_step_reports_two_per_watched_step(standin, tmp
     model = _OneReadPerStep()
     model.losses = []
     detector = SyncPointDetector(first_steps=6, log_stats=False)
-    trainer = pl.Trainer(
-        accelerator="cpu", max_epochs=2, limit_train_batches=6, limit_val_batches=2,
-        logger=False, enable_checkpointing=False, enable_progress_bar=False,
-        enable_model_summary=False, callbacks=[detector], default_root_dir=tmp_path,
-    )  # fmt: skip
+    trainer = quiet_trainer(
+        max_epochs=2,
+        limit_train_batches=6,
+        limit_val_batches=2,
+        callbacks=[detector],
+        default_root_dir=tmp_path,
+    )
     trainer.fit(model)
     totals = detector.totals
     assert totals.watched >= 6 and standin.kernel_syncs >= 2 * totals.watched
@@ -229,13 +232,18 @@ def test_a_fit_arms_the_debug_mode_only_in_the_windows_that_read_it(standin, tmp
     spy = _ModeSpy(standin)
     model = _SpyInStep()
     model.spy = spy
-    trainer = pl.Trainer(
-        accelerator="cpu", max_epochs=2, limit_train_batches=4, limit_val_batches=2,
-        logger=False, enable_progress_bar=False, enable_model_summary=False,
+    trainer = quiet_trainer(
+        max_epochs=2,
+        limit_train_batches=4,
+        limit_val_batches=2,
         default_root_dir=tmp_path,
-        callbacks=[IdleTimeMonitor(warmup_steps=0, picture=False, log_stats=False),
-                   SyncPointDetector(first_steps=2, log_stats=False), spy],
-    )  # fmt: skip
+        enable_checkpointing=True,  # the epoch's save: not a window the marks read
+        callbacks=[
+            IdleTimeMonitor(warmup_steps=0, picture=False, log_stats=False),
+            SyncPointDetector(first_steps=2, log_stats=False),
+            spy,
+        ],
+    )
     trainer.fit(model)
     assert spy.modes["training step"] == {1}, spy.modes  # the idle monitor's marks
     assert spy.modes["validation"] == {0}, spy.modes

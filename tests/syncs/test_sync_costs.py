@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import time
 
-import lightning.pytorch as pl
 import pytest
 import torch
 from lightning.pytorch.loggers import CSVLogger
@@ -18,6 +17,7 @@ from gpu_busy.syncs.detector import SyncEvent
 from gpu_busy.syncs.sites import SyncSiteTable
 from tests.helpers.bound_runs import WideBlobClassifier
 from tests.helpers.foreign_modules import BlobData
+from tests.helpers.trainers import quiet_trainer
 
 # -- scripted timelines (seconds on one host clock) ------------------------------------------
 
@@ -105,11 +105,13 @@ def test_the_detector_times_each_sync_and_the_gap_to_the_next_op_that_launches()
 
 def test_the_callback_reports_costs_as_na_on_a_cpu(tmp_path):
     detector = SyncPointDetector(first_steps=4)
-    trainer = pl.Trainer(
-        accelerator="cpu", max_epochs=1, limit_train_batches=6, limit_val_batches=0,
-        logger=CSVLogger(tmp_path), callbacks=[detector], enable_progress_bar=False,
-        enable_model_summary=False, enable_checkpointing=False,
-    )  # fmt: skip
+    trainer = quiet_trainer(
+        max_epochs=1,
+        limit_train_batches=6,
+        limit_val_batches=0,
+        logger=CSVLogger(tmp_path),
+        callbacks=[detector],
+    )
     trainer.fit(WideBlobClassifier(width=32, item_every_step=True), BlobData())
     saved = json.loads((tmp_path / "lightning_logs" / "version_0" / "syncs.json").read_text())
     assert saved["summary"]["sync_idle_ms_per_batch"] is None

@@ -16,22 +16,20 @@ from gpu_busy.syncs import SyncError, assert_no_syncs
 from template.data import ImageDataModule
 from template.models import ImageClassifier, classifier
 from tests.conftest import DEBUG, DEFAULT, ROOT, cli_main
+from tests.helpers.trainers import quiet_trainer
 
 
 def _fit(tmp_path, model, callbacks, **trainer_args):
     defaults = dict(
-        accelerator="cpu",
         max_epochs=1,
         limit_train_batches=12,
         limit_val_batches=1,
         log_every_n_steps=5,
-        num_sanity_val_steps=0,
-        enable_checkpointing=False,
-        enable_model_summary=False,
+        enable_progress_bar=True,  # Lightning's bar reads prog_bar metrics: a sync to see
         logger=pl.loggers.CSVLogger(tmp_path),
         default_root_dir=tmp_path,
     )
-    trainer = pl.Trainer(callbacks=callbacks, **{**defaults, **trainer_args})
+    trainer = quiet_trainer(callbacks=callbacks, **{**defaults, **trainer_args})
     data = ImageDataModule(
         batch_size=8, synthetic_train_size=128, synthetic_val_size=16, num_workers=0
     )
@@ -226,11 +224,12 @@ class LogsAndReads(LogsEveryStep):
 
 def test_strict_passes_a_sync_free_module_that_logs_every_step(tmp_path):
     detector = SyncPointDetector(strict=True, first_steps=100)
-    trainer = pl.Trainer(
-        accelerator="cpu", max_epochs=1, log_every_n_steps=5, enable_checkpointing=False,
-        enable_model_summary=False, enable_progress_bar=False, callbacks=[detector],
+    trainer = quiet_trainer(
+        max_epochs=1,
+        log_every_n_steps=5,
+        callbacks=[detector],
         logger=pl.loggers.CSVLogger(tmp_path),
-    )  # fmt: skip
+    )
     trainer.fit(LogsEveryStep())
     assert detector.report["watched_batches"] == 12
     # Neither Lightning's batch transfer nor self.log's state moves are reads; only the
@@ -240,11 +239,9 @@ def test_strict_passes_a_sync_free_module_that_logs_every_step(tmp_path):
 
 
 def test_strict_fails_a_module_that_reads_a_value_every_step(tmp_path):
-    trainer = pl.Trainer(
-        accelerator="cpu", max_epochs=1, log_every_n_steps=5, enable_checkpointing=False,
-        enable_model_summary=False, enable_progress_bar=False, logger=False,
-        callbacks=[SyncPointDetector(strict=True)],
-    )  # fmt: skip
+    trainer = quiet_trainer(
+        max_epochs=1, log_every_n_steps=5, callbacks=[SyncPointDetector(strict=True)]
+    )
     with pytest.raises(SyncError, match=r"self\.seen = loss\.item\(\)"):
         trainer.fit(LogsAndReads())
 

@@ -9,23 +9,19 @@ import logging
 import types
 from pathlib import Path
 
-import lightning.pytorch as pl
 import pytest
 import torch
 
 from gpu_busy.callbacks import BestCheckpoint, StreamPrefetcher, SyncPointDetector
 from gpu_busy.syncs.rules import DDP_USED_MAP
-from tests.helpers import foreign_clients as clients
 from tests.conftest import DEBUG, DEFAULT, HANG_S, run_entry_point
+from tests.helpers import foreign_clients as clients
+from tests.helpers.trainers import quiet_trainer
 
 
 def _fit(tmp_path, model, callbacks, ckpt_path=None, **trainer_args):
-    settings = dict(
-        accelerator="cpu", max_epochs=2, logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
-        default_root_dir=tmp_path,
-    )  # fmt: skip
-    trainer = pl.Trainer(callbacks=callbacks, **{**settings, **trainer_args})
+    settings = dict(max_epochs=2, default_root_dir=tmp_path)
+    trainer = quiet_trainer(callbacks=callbacks, **{**settings, **trainer_args})
     trainer.fit(model, ckpt_path=ckpt_path)
     return trainer
 

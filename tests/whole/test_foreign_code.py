@@ -30,6 +30,7 @@ from gpu_busy.idle.causes import thresholds
 from gpu_busy.report.compare import main as compare_main
 from tests.conftest import DEFAULT, ROOT, run_entry_point
 from tests.helpers.foreign_modules import BlobClassifier, BlobData
+from tests.helpers.trainers import quiet_trainer
 
 
 def default_callbacks() -> list[pl.Callback]:
@@ -50,11 +51,11 @@ def default_callbacks() -> list[pl.Callback]:
 def fit(tmp_path, model, data=None, caplog=None, **trainer_args):
     callbacks = default_callbacks()
     settings = dict(
-        accelerator="cpu", max_epochs=1, limit_train_batches=8, limit_val_batches=2,
-        log_every_n_steps=4, num_sanity_val_steps=0, enable_checkpointing=False,
-        enable_model_summary=False, logger=pl.loggers.CSVLogger(tmp_path),
+        max_epochs=1, limit_train_batches=8, limit_val_batches=2, log_every_n_steps=4,
+        enable_progress_bar=True,  # the default config's bar is among the callbacks
+        logger=pl.loggers.CSVLogger(tmp_path),
     )  # fmt: skip
-    trainer = pl.Trainer(callbacks=callbacks, **{**settings, **trainer_args})
+    trainer = quiet_trainer(callbacks=callbacks, **{**settings, **trainer_args})
     with caplog.at_level(logging.INFO):
         trainer.fit(model, datamodule=data)
     run = tmp_path / "lightning_logs" / "version_0"

@@ -159,7 +159,7 @@ def test_device_augmentation_refuses_batches_that_are_not_uint8():
 
 
 def _documented_metrics() -> set[str]:
-    text = (ROOT / "README.md").read_text()
+    text = (ROOT / "docs" / "GUIDE.md").read_text()
     return set(re.findall(r"`((?:idle|prefetch|syncs)/[a-z_]+)`", text))
 
 
@@ -182,8 +182,8 @@ def test_every_documented_metric_is_logged_and_every_logged_one_documented(in_tm
     documented = _documented_metrics()
     assert documented == declared, (documented - declared, declared - documented)
     assert logged <= documented, logged - documented
-    # Under DDP each has a _rank_max twin (tests/whole/test_ddp.py); README says so once.
-    assert "_rank_max" in (ROOT / "README.md").read_text()
+    # Under DDP each has a _rank_max twin (tests/whole/test_ddp.py); the guide says so.
+    assert "_rank_max" in (ROOT / "docs" / "GUIDE.md").read_text()
 
 
 def test_reports_name_ranks_and_keep_one_name_per_quantity(in_tmp):

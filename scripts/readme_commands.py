@@ -4,8 +4,9 @@ CI runs this after ``make test`` on a fresh clone (``.ci/run``), so a command RE
 shows cannot rot. Lines run one at a time in bash from the project root; a ``NAME=value``
 line is kept for the lines after it. ``make test`` is skipped (CI has just run it). A
 command that asks for more GPUs than the machine has (``GPUS=N``) must fail the way
-README says: before any process starts, with one ``error:`` line. ``make compare`` exits
-1 when B fails a gate, which is a finding, not a failure: its last line says which.
+README says: before any process starts, with one ``error:`` line. ``make compare`` fails
+when B fails a gate, which is a finding, not a failure of the command: its last line
+says which (``ok:`` or ``worse:``).
 
 Example::
 
@@ -74,7 +75,7 @@ def main(argv: list[str]) -> int:
             ok = done.returncode != 0 and len(errors) == 1 and "Traceback" not in done.stderr
             outcome = f"refused as README says: {errors[0] if errors else '(no error line)'}"
         elif line.startswith("make compare"):
-            ok = done.returncode in (0, 1) and last.startswith(("ok:", "worse:"))
+            ok = last.startswith(("ok:", "worse:")) and "Traceback" not in done.stderr
             outcome = f"exit {done.returncode}: {last}"
         else:
             ok = done.returncode == 0

@@ -83,8 +83,11 @@ class RunSummary(pl.Callback):
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         elapsed = time.perf_counter() - self._fit_start
         rows = gather_rows(trainer, [self._samples, elapsed - self._val_seconds])
-        best = _best_checkpoint(trainer)
-        score = trainer.callback_metrics.get(best.monitor) if best else None
+        checkpoint, best = _best_checkpoint(trainer), None
+        if checkpoint is not None:
+            score = trainer.callback_metrics.get(checkpoint.monitor)
+            score = None if score is None else float(score)  # the fit is over: a read is free
+            best = (checkpoint.monitor, score, checkpoint.best_model_path)
         self._summary = run_report.summary(
             rows,
             elapsed=elapsed,
@@ -92,9 +95,7 @@ class RunSummary(pl.Callback):
             epochs=trainer.current_epoch,
             first_step=self._first_step,
             resumed_from=trainer.ckpt_path,
-            best=(best.monitor, None if score is None else float(score), best.best_model_path)
-            if best
-            else None,
+            best=best,
         )
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 
 import lightning.pytorch as pl
@@ -13,6 +14,7 @@ from lightning.pytorch.loggers import CSVLogger
 from gpu_busy.callbacks import IdleTimeMonitor, RunSummary, SyncPointDetector
 from gpu_busy.idle.causes import thresholds
 from gpu_busy.report.verdict import decide
+from tests.conftest import ROOT
 from tests.helpers.bound_runs import SlowBlobData, WideBlobClassifier
 from tests.helpers.foreign_modules import BlobClassifier, BlobData
 from tests.helpers.trainers import quiet_trainer
@@ -159,14 +161,18 @@ def test_a_fit_too_short_to_time_says_how_many_batches_it_needs(tmp_path, caplog
     assert not any("idle between steps" in x for x in lines)  # no table of n/a rows
 
 
-def test_a_cause_added_to_the_table_reaches_the_report_verdict_and_compare(
+def test_a_cause_added_to_the_table_reaches_the_report_verdict_compare_and_picture(
     tmp_path, monkeypatch, capsys
 ):
     """One row in gpu_busy.idle.causes, and every reader names it: nothing else to edit."""
+    import matplotlib.axes
+
     from gpu_busy.idle import causes
+    from gpu_busy.idle.stats import StepSeries
     from gpu_busy.report.compare import main as compare
     from gpu_busy.report.files import write_report
     from gpu_busy.report.idle import render_table
+    from gpu_busy.report.picture import batch_breakdown
 
     paging = causes.Cause(
         "page_faults", "page faults", "paging", 0.05, True, "#000000",
@@ -188,3 +194,23 @@ def test_a_cause_added_to_the_table_reaches_the_report_verdict_and_compare(
         runs.append(str(tmp_path / name))
     compare([*runs, "--picture", ""])
     assert "  idle: page faults" in capsys.readouterr().out
+    # The picture: its idle panel's layers are the table's rows, labels and colours.
+    monkeypatch.setattr(StepSeries, "COLUMNS", (*StepSeries.COLUMNS, "idle_page_faults_ms"))
+    layers = []
+    bar = matplotlib.axes.Axes.bar
+    monkeypatch.setattr(matplotlib.axes.Axes, "bar", lambda ax, *a, **kw: (
+        layers.append((kw["label"], kw["color"])), bar(ax, *a, **kw))[1])  # fmt: skip
+    row = [0.0] * len(StepSeries.COLUMNS)
+    assert batch_breakdown({0: [row]}, tmp_path / "idle.png") is not None
+    assert [(c.label, c.colour) for c in causes.TABLE] == [
+        layer for layer in layers if layer[0] not in ("step", "transfer", "wait")
+    ]
+
+
+def test_the_guide_names_the_causes_as_the_table_does():
+    from gpu_busy.idle import causes
+
+    text = (ROOT / "docs" / "GUIDE.md").read_text()
+    section = text[text.index("## Where the GPU waited") :]
+    named = re.findall(r"^- \*\*([a-z -]+)\*\*:", section, flags=re.M)
+    assert named == [c.label for c in causes.TABLE]

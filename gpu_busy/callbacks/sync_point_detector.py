@@ -33,6 +33,7 @@ from gpu_busy.syncs.detector import SyncDetector
 from gpu_busy.syncs.rules import DDP_USED_MAP
 from gpu_busy.syncs.sampling import WatchedSums, WatchSchedule
 from gpu_busy.syncs.sites import SyncSiteTable, github_annotations, in_github_actions
+from gpu_busy.syncs.watched_steps import WatchedSteps
 
 log = get_logger(__name__)
 
@@ -74,30 +75,21 @@ class SyncPointDetector(pl.Callback):
     def _reset_run(self, costs: bool = False) -> None:
         # this rank's sites in this fit; after it, every rank's
         self.table = SyncSiteTable(compat.LIGHTNING_READS, costs=costs)
-        self._step = 0  # batches seen in this fit: the schedule's clock, equal on all ranks
-        self._watching = False  # the current window is watched
-        self._after_logging = False  # the window began right after a logging step
-        self._clean = True  # no validation or epoch start inside the current window
-        self._window_start: float | None = None
-        self._due = False  # the next step is to be watched
-        self._between_strict = False  # strict in Lightning's work after the step ended
+        self.steps: WatchedSteps | None = None
         # (logger step, epoch, syncs, steady) of the watched steps since the last log
         self._rows: list[tuple[int, int, int, bool]] = []
         self.totals = WatchedSums()  # this rank's, in this fit
         self._costs: tuple[float | None, float | None] = (None, None)  # watched, plain (s)
 
-    # -- the watched window --------------------------------------------------------
+    # -- the watched windows: where the loop is, told to WatchedSteps --------------------
 
     def on_train_start(self, trainer, pl_module) -> None:
         device_type = self.device_type or trainer.strategy.root_device.type
         # Lightning's prog_bar conversions are reported at the lines that logged them.
-        self._logged_at = compat.LoggedAt()
+        logged_at = compat.LoggedAt()
         self._unwrap = contextlib.ExitStack()
-        self._unwrap.enter_context(self._logged_at.install())
-        self.detector = SyncDetector(device_type, origins=(self._logged_at.origin,))
-        self._unwrap.callback(
-            compat.around_batch_end(trainer, self._strict_after_step, self._lenient_after_step)
-        )
+        self._unwrap.enter_context(logged_at.install())
+        self.detector = SyncDetector(device_type, origins=(logged_at.origin,))
         self._reset_run(costs=not self.detector.simulating)
         batches = trainer.estimated_stepping_batches * trainer.accumulate_grad_batches
         if self._fit_first_to_budget and not self.schedule.plan_fit(batches):
@@ -109,126 +101,81 @@ class SyncPointDetector(pl.Callback):
                 100 * self.schedule.budget,
                 100 * self.schedule.PRIOR_EXTRA,
             )
-        self._due = self.schedule.should_watch(0)
+        self.steps = WatchedSteps(
+            self.detector, self.schedule, self.strict, on_open=lambda: self._ddp_map(trainer)
+        )
+        # Strict covers Lightning's own work after a step, not the callbacks' saves.
+        self._unwrap.callback(
+            compat.around_batch_end(trainer, self.steps.loop_work_begins, self.steps.loop_work_ends)
+        )
         self._fit_start = time.perf_counter()
         self._first_global_step = trainer.global_step
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:
-        self._stop(keep=False)  # a window open across the epoch boundary is not a step's
-        self._window_start = None
-        self._after_logging = False
+        if self.steps is not None:
+            self.steps.epoch_starts()
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        if self._window_start is None:
-            # first step of an epoch: its window starts here
-            self._window_start = time.perf_counter()
-            self._clean = False
-            if self._due:
-                self._start(trainer)
-        self._set_phase("training_step")
-        if self.detector is not None:
-            logging_now = compat.is_logging_step(trainer)
-            self.detector.strict = (
-                self.strict and self._watching and not (logging_now or self._after_logging)
-            )
+        if self.steps is not None:
+            self.steps.step_starts(logging=compat.is_logging_step(trainer))
 
     def on_before_backward(self, trainer, pl_module, loss) -> None:
-        self._set_phase("backward")
+        self._phase("backward")
 
     def on_after_backward(self, trainer, pl_module) -> None:
-        self._set_phase("after backward")
+        self._phase("after backward")
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
-        self._set_phase("optimizer step")
+        self._phase("optimizer step")
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        now = time.perf_counter()
+        if self.steps is None:
+            return
         logging_now = compat.is_logging_step(trainer)
-        watched = self._watching
-        if watched:
-            events = self._stop(keep=True)
-            steady = not (logging_now or self._after_logging)
+        watched = self.steps.step_ends(logging=logging_now)
+        if watched is not None:
+            events, steady = watched
             step = compat.logger_step(trainer)
             self.table.add_all(events, step=step, logging=not steady)
             n = len(events)
             self._rows.append((step, trainer.current_epoch, n, steady))
             self.totals.add(WatchedSums(1, n, int(steady), n if steady else 0))
-        if self._window_start is not None:
-            seconds = now - self._window_start
-            comparable = self._clean and not (logging_now or self._after_logging)
-            if comparable and self._step > 0:
-                self.schedule.observe(watched, seconds)
         if logging_now:
-            self._log_window(trainer)
-        # The next window starts now: it sees Lightning's logging, the SIGTERM check, the
-        # data fetch and transfer of the next step.
-        self._step += 1
-        self._after_logging = logging_now
-        self._clean = True
-        self._window_start = time.perf_counter()
-        self._due = self.schedule.should_watch(self._step)
-        if self._due:
-            self._start(trainer)
-            self._set_phase("between steps")
-            # Lightning's conversion of this step's prog_bar metrics is the step's own: strict
-            # unless this was a logging step (see _strict_after_step).
-            self._between_strict = self.strict and not logging_now
+            self._log_window(trainer)  # a collective: outside any window
+        self.steps.next_window()
 
     def on_validation_start(self, trainer, pl_module) -> None:
-        if trainer.state.fn == "fit" and self.detector is not None and self.detector.active:
-            self.detector.__exit__(None, None, None)  # paused: validation is not a step
-        self._clean = False
+        if trainer.state.fn == "fit" and self.steps is not None:
+            self.steps.pause()
 
     def on_validation_end(self, trainer, pl_module) -> None:
-        if trainer.state.fn == "fit" and self._watching and self.detector is not None:
-            self.detector.__enter__()
-            self._set_phase("between steps")
+        if trainer.state.fn == "fit" and self.steps is not None:
+            self.steps.resume()
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:
-        self._stop(keep=False)
-        self._window_start = None
+        if self.steps is not None:
+            self.steps.epoch_ends()
 
     def on_exception(self, trainer, pl_module, exception) -> None:
-        self._stop(keep=False, last=True)
+        self._close()
 
     def teardown(self, trainer, pl_module, stage) -> None:
-        self._stop(keep=False, last=True)
+        self._close()
 
-    def _strict_after_step(self) -> None:
-        # Only Lightning's own work after the step, not the saves of the callbacks that
-        # run after this one (checkpoints every N steps are not a step's syncs).
-        if self._watching and self._between_strict and self.detector is not None:
-            self.detector.strict = True
-
-    def _lenient_after_step(self) -> None:
-        if self.detector is not None:
-            self.detector.strict = False
-
-    def _start(self, trainer: pl.Trainer) -> None:
-        if self.detector is None:
-            return
-        used_map = compat.ddp_used_parameter_map(trainer)
-        if used_map is not None:
-            self.detector.copies_to_host(used_map, *DDP_USED_MAP)
-        self._watching = True
-        self.detector.take()
-        self.detector.strict = False  # armed in on_train_batch_start, once the step is known
-        self.detector.__enter__()
-
-    def _stop(self, keep: bool, last: bool = False) -> list:
-        if last and self._unwrap is not None:
+    def _close(self) -> None:
+        if self._unwrap is not None:
             self._unwrap.close()
-        self._watching = False
-        if self.detector is None:
-            return []
-        if self.detector.active:
-            self.detector.__exit__(None, None, None)
-        events = self.detector.take()
-        return events if keep else []
+        if self.steps is not None:
+            self.steps.close()
 
-    def _set_phase(self, phase: str) -> None:
-        if self.detector is not None:
-            self.detector.phase = phase
+    def _ddp_map(self, trainer: pl.Trainer) -> None:
+        used_map = compat.ddp_used_parameter_map(trainer)
+        if used_map is not None and self.detector is not None:
+            self.detector.copies_to_host(used_map, *DDP_USED_MAP)
+
+    def _phase(self, name: str) -> None:
+        if self.steps is not None:
+            self.steps.phase(name)
 
     # -- figures -------------------------------------------------------------------
 
@@ -267,7 +214,7 @@ class SyncPointDetector(pl.Callback):
             )
 
     def on_train_end(self, trainer, pl_module) -> None:
-        self._stop(keep=False, last=True)
+        self._close()
         merged = SyncSiteTable(compat.LIGHTNING_READS, costs=self.table.costs)
         for rows in gather_objects(trainer, self.table.rows()):
             merged.merge(rows)
@@ -280,7 +227,7 @@ class SyncPointDetector(pl.Callback):
             merged,
             totals,
             world_size=trainer.world_size,
-            batches=self._step,
+            batches=self.steps.steps if self.steps else 0,
             optimizer_steps=trainer.global_step - self._first_global_step,
             costs=self._costs,
             budget=self.schedule.budget,

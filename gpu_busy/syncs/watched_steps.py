@@ -1,0 +1,142 @@
+"""A training loop's steps as the sync detector watches them: the detector's one owner.
+
+Each step has a window from the end of the step before to the end of its own, so the
+work a loop does between steps (Lightning's logging, the next batch's fetch and transfer)
+counts with the step it serves. A ``WatchSchedule`` says which windows are watched; in a
+watched window ``strict`` applies unless the step is a logging step or right after one
+(those read metrics back by design). The caller only says where the loop is; this class
+enters and leaves the detector, arms ``strict`` and times the windows for the schedule.
+
+Example::
+
+    steps = WatchedSteps(SyncDetector("cpu"), WatchSchedule(budget=0.01), strict=True)
+    for epoch in range(epochs):
+        steps.epoch_starts()
+        for i, batch in enumerate(loader):
+            steps.step_starts(logging=i % 50 == 0)
+            train(batch)
+            watched = steps.step_ends(logging=i % 50 == 0)  # (events, steady) or None
+            steps.next_window()
+        steps.epoch_ends()
+    steps.close()
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from gpu_busy.syncs.detector import SyncDetector, SyncEvent
+from gpu_busy.syncs.sampling import WatchSchedule
+
+
+class WatchedSteps:
+    """Args:
+    detector: the detector to drive (entered only inside watched windows).
+    schedule: which steps to watch; fed each comparable window's time.
+    strict: raise at a sync in a watched step that is neither a logging step nor right
+        after one.
+    on_open: called as each watched window opens (to tell the detector about memory
+        that a step copies to the host by design).
+    """
+
+    def __init__(
+        self,
+        detector: SyncDetector,
+        schedule: WatchSchedule,
+        strict: bool = False,
+        on_open: Callable[[], None] = lambda: None,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self.detector, self.schedule, self.strict = detector, schedule, strict
+        self._on_open, self._clock = on_open, clock
+        self.steps = 0  # windows closed in this fit: the schedule's clock, equal on all ranks
+        self.watching = False  # the current window is watched
+        self.after_logging = False  # the current window began right after a logging step
+        self._clean = True  # no validation or epoch start inside the current window
+        self._window_start: float | None = None
+        self._strict_between = False  # strict in the loop's own work after the step
+        self._due = schedule.should_watch(0)
+
+    def epoch_starts(self) -> None:
+        self._close_window()  # a window open across the epoch boundary is not a step's
+        self._window_start = None
+        self.after_logging = False
+
+    def step_starts(self, logging: bool) -> None:
+        if self._window_start is None:  # an epoch's first step: its window opens here
+            self._window_start = self._clock()
+            self._clean = False
+            if self._due:
+                self._open_window()
+        self.detector.phase = "training_step"
+        self.detector.strict = self.strict and self.watching and self._steady(logging)
+
+    def phase(self, name: str) -> None:
+        self.detector.phase = name
+
+    def step_ends(self, logging: bool) -> tuple[list[SyncEvent], bool] | None:
+        """Close the step's window: when it was watched, its events and whether the step
+        was steady (neither a logging step nor right after one); else None."""
+        now = self._clock()
+        watched, steady = self.watching, self._steady(logging)
+        events = self._close_window() if watched else []
+        if self._window_start is not None and self._clean and steady and self.steps > 0:
+            self.schedule.observe(watched, now - self._window_start)  # not the first: set-up
+        self.steps += 1
+        self.after_logging = logging
+        return (events, steady) if watched else None
+
+    def next_window(self) -> None:
+        """Open the next step's window now: it sees the loop's work after this step."""
+        self._clean = True
+        self._window_start = self._clock()
+        self._due = self.schedule.should_watch(self.steps)
+        if self._due:
+            self._open_window()
+            self.detector.phase = "between steps"
+            # The loop's own work on this step's results is the step's: strict unless the
+            # step logged (see loop_work_begins).
+            self._strict_between = self.strict and not self.after_logging
+
+    def loop_work_begins(self) -> None:
+        """The loop's own work after a step begins (not other callbacks' saves)."""
+        if self.watching and self._strict_between:
+            self.detector.strict = True
+
+    def loop_work_ends(self) -> None:
+        self.detector.strict = False
+
+    def pause(self) -> None:
+        """Validation inside the fit: not a step."""
+        if self.detector.active:
+            self.detector.__exit__(None, None, None)
+        self._clean = False
+
+    def resume(self) -> None:
+        if self.watching:
+            self.detector.__enter__()
+            self.detector.phase = "between steps"
+
+    def epoch_ends(self) -> None:
+        self._close_window()
+        self._window_start = None
+
+    def close(self) -> None:
+        self._close_window()
+
+    def _steady(self, logging: bool) -> bool:
+        return not (logging or self.after_logging)
+
+    def _open_window(self) -> None:
+        self._on_open()
+        self.watching = True
+        self.detector.take()
+        self.detector.strict = False  # armed in step_starts, once the step is known
+        self.detector.__enter__()
+
+    def _close_window(self) -> list[SyncEvent]:
+        self.watching = False
+        if self.detector.active:
+            self.detector.__exit__(None, None, None)
+        return self.detector.take()

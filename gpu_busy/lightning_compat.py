@@ -81,6 +81,19 @@ def fetched_ahead(loop: Any) -> list:
     return batches if isinstance(batches, list) else []
 
 
+def batches_left_to_read(loop: Any, training: bool) -> int | None:
+    """Batches the loop's fetcher will still read in this pass (None: no end known): its
+    length, and for training the batch at which ``max_steps`` is reached, plus the
+    fetcher's own look-ahead for loaders without a length."""
+    length, fetched, lookahead = fetcher_counts(loop)
+    ends = [] if length is None else [length]
+    trainer = loop.trainer
+    if training and (left := batches_until_max_steps(trainer)) is not None:
+        done = trainer.fit_loop.epoch_loop.batch_progress.current.ready
+        ends.append(done + left + lookahead)
+    return max(0, min(ends) - fetched) if ends else None
+
+
 def batches_until_max_steps(trainer: pl.Trainer) -> int | None:
     """Batches the training loop will still take this epoch before ``max_steps`` (None: no cap).
 

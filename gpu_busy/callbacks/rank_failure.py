@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from gpu_busy import lightning_compat as compat
-from gpu_busy.faults.peer_watch import PeerWatch, lost_a_peer
+from gpu_busy.faults.peer_watch import PeerWatch, failure_line, lost_a_peer
 from gpu_busy.faults.training_stopped import TrainingStopped
 from gpu_busy.log import get_logger
 
@@ -115,15 +115,7 @@ class StopOnRankFailure(pl.Callback):
         me = self.watch.rank if self.watch else 0
         speaker = 1 if rank == 0 else 0
         if me == speaker:
-            if reason.startswith(("was ", "is ", "stopped ")):  # no word from the rank itself
-                hint = " (the out-of-memory killer sends SIGKILL)" if "SIGKILL" in reason else ""
-                what = f"{reason}{hint}; stopped the other ranks"
-            else:
-                what = f"failed ({reason}); stopped the other ranks. Its traceback is above"
-            print(
-                f"error: rank {rank} {what}; checkpoints already written are kept",
-                file=sys.stderr, flush=True,
-            )  # fmt: skip
+            print(failure_line(rank, reason), file=sys.stderr, flush=True)
         sys.stdout.flush()
         # Whatever this process started ends with it: a rank stopped (SIGSTOP) or stuck in
         # a collective would otherwise outlive the run. SIGKILL ends a stopped one too.

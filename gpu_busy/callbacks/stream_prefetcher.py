@@ -124,19 +124,9 @@ class StreamPrefetcher(pl.Callback):
     def _route(self, loop, stats: PrefetchStats, training: bool = False) -> None:
         if not self.enabled or self._copier is None:
             return
-        trainer = loop.trainer
 
         def make_iterator(items):
-            # Read no further than Lightning's fetcher would: its length, and for
-            # training the batch at which max_steps is reached (plus the fetcher's own
-            # look-ahead for loaders without a length).
-            length, fetched, lookahead = compat.fetcher_counts(loop)
-            ends = [] if length is None else [length]
-            if training and (left := compat.batches_until_max_steps(trainer)) is not None:
-                ends.append(
-                    trainer.fit_loop.epoch_loop.batch_progress.current.ready + left + lookahead
-                )
-            limit = max(0, min(ends) - fetched) if ends else None
+            limit = compat.batches_left_to_read(loop, training)  # no more than Lightning's
             return PrefetchIterator(items, self._copier, depth=self.depth, limit=limit, stats=stats)
 
         loader = batch_routing.route_batches(loop, make_iterator)

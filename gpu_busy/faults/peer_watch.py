@@ -203,3 +203,13 @@ def lost_a_peer(exception: BaseException) -> bool:
     """Whether a collective failed because a peer went away (rather than on this rank)."""
     text = f"{type(exception).__name__} {exception}"
     return isinstance(exception, dist.DistError) or any(h in text for h in _LOST_PEER_HINTS)
+
+
+def failure_line(rank: int, reason: str) -> str:
+    """The one line that says a rank failed and the others were stopped."""
+    if reason.startswith(("was ", "is ", "stopped ")):  # no word from the rank itself
+        hint = " (the out-of-memory killer sends SIGKILL)" if "SIGKILL" in reason else ""
+        what = f"{reason}{hint}; stopped the other ranks"
+    else:
+        what = f"failed ({reason}); stopped the other ranks. Its traceback is above"
+    return f"error: rank {rank} {what}; checkpoints already written are kept"

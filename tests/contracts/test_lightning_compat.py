@@ -7,6 +7,7 @@ update lightning_compat.py, not the callers.
 from __future__ import annotations
 
 import lightning.pytorch as pl
+import pytest
 
 from gpu_busy import lightning_compat as compat
 from gpu_busy.lightning_compat import is_logging_step
@@ -82,6 +83,37 @@ def test_fetcher_and_loader_internals_exist_in_every_loop(tmp_path):
     trainer.test(model)
     trainer.predict(model)
     assert set(seen) == {"train", "val", "test", "predict"}
+
+
+@pytest.mark.parametrize("accumulate", [1, 2])
+def test_batches_left_to_read_stop_where_max_steps_does(tmp_path, accumulate):
+    """Asked where the prefetcher asks (the loop's first read): the loop then reads
+    exactly that many batches (fetcher counts, batch_progress.current.ready)."""
+    from lightning.pytorch.demos.boring_classes import BoringModel
+
+    from gpu_busy.batch_routing import route_batches, unroute
+    from gpu_busy.lightning_compat import batches_left_to_read
+
+    asked, taken = [], []
+
+    class Probe(pl.Callback):
+        def on_train_start(self, trainer, pl_module):
+            def count(items):
+                asked.append(batches_left_to_read(trainer.fit_loop, training=True))
+                for item in items:
+                    taken.append(item)
+                    yield item
+
+            self.loader = route_batches(trainer.fit_loop, count)
+
+        def on_train_end(self, trainer, pl_module):
+            unroute(self.loader)
+
+    quiet_trainer(
+        max_steps=3, limit_train_batches=10, accumulate_grad_batches=accumulate,
+        callbacks=[Probe()], default_root_dir=tmp_path,
+    ).fit(BoringModel())  # fmt: skip
+    assert asked == [len(taken)] == [3 * accumulate]
 
 
 def test_prefetch_batches_is_the_unsized_fetchers_lookahead():

@@ -113,6 +113,35 @@ def unroute(loader: Any, layer: str = "prefetch") -> None:
             loader.__dict__.pop(name, None)
 
 
+class Layer:
+    """One owner's layer on every loop it routes; ``remove()`` takes it off them all.
+
+    Example::
+
+        layer = Layer("idle", position=0)
+        layer.route(trainer.fit_loop, lambda items: TimedReads(items, timer))
+        layer.remove()      # at teardown
+    """
+
+    def __init__(self, name: str, position: int = 1) -> None:
+        self.name, self.position = name, position
+        self._loaders: list = []
+
+    def route(self, loop: Any, make_iterator: Callable[[Iterator], Iterator]) -> Any | None:
+        """``route_batches`` for this layer; the loader when it is routed here for the
+        first time, else None."""
+        loader = route_batches(loop, make_iterator, layer=self.name, position=self.position)
+        if loader is None or loader in self._loaders:
+            return None
+        self._loaders.append(loader)
+        return loader
+
+    def remove(self) -> None:
+        for loader in self._loaders:
+            unroute(loader, layer=self.name)
+        self._loaders.clear()
+
+
 class OnReadError(Iterator):
     """A layer that passes items through and, when reading one fails (not the end of
     the items), calls ``handle(error)`` before the error goes on up.

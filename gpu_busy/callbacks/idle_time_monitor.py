@@ -84,10 +84,11 @@ class IdleTimeMonitor(pl.Callback):
         self.timer: StepTimer | None = None
         self.windows = ProfilerWindows(every_n_steps=trace_every_n_steps)  # set up per fit
         self.report: dict = {}
-        self._layer = f"idle-{id(self):x}"  # two monitors route the same loader apart
+        # Position 0: next to the DataLoader, below a prefetcher, so only the host's own
+        # wait for data is timed. Two monitors route the same loader apart.
+        self._layer = batch_routing.Layer(f"idle-{id(self):x}", position=0)
         self._marks: SyncMarks | None = None
         self._run_dir = None
-        self._loaders: list = []
         self.window = IdleStats()  # since the last logging step
         self.total = IdleStats()  # the whole fit after warm-up
         self.series = StepSeries()
@@ -138,13 +139,7 @@ class IdleTimeMonitor(pl.Callback):
 
     def _route(self, trainer: pl.Trainer) -> None:
         timer = self.timer
-        # Position 0: next to the DataLoader, below a prefetcher, so only the host's own
-        # wait for data is timed.
-        loader = batch_routing.route_batches(
-            trainer.fit_loop, lambda items: TimedReads(items, timer), layer=self._layer, position=0
-        )
-        if loader is not None and loader not in self._loaders:
-            self._loaders.append(loader)
+        self._layer.route(trainer.fit_loop, lambda items: TimedReads(items, timer))
 
     # -- each step ------------------------------------------------------------------
 
@@ -249,9 +244,7 @@ class IdleTimeMonitor(pl.Callback):
     def _cleanup(self) -> None:
         self.windows.stop()
         self._close_marks()
-        for loader in self._loaders:
-            batch_routing.unroute(loader, layer=self._layer)
-        self._loaders.clear()
+        self._layer.remove()
 
 
 class _StepEnd(pl.Callback):

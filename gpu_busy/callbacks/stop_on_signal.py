@@ -50,7 +50,7 @@ class StopOnSignal(pl.Callback):
         self.request = StopRequest()
         self._stopped = False  # this fit ended in a save-and-stop
         self._undo_broadcast = None
-        self._routed: list = []
+        self._layer = batch_routing.Layer("stop-on-signal", position=-1)
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # Lightning installs its SIGTERM handler just before training; this replaces it.
@@ -86,14 +86,7 @@ class StopOnSignal(pl.Callback):
         if trainer.world_size > 1:
             return
         on_error = lambda _: self._workers_died(trainer)  # noqa: E731
-        loader = batch_routing.route_batches(
-            loop,
-            lambda items: batch_routing.OnReadError(items, on_error),
-            layer=_LAYER,
-            position=-1,
-        )
-        if loader is not None and loader not in self._routed:
-            self._routed.append(loader)
+        self._layer.route(loop, lambda items: batch_routing.OnReadError(items, on_error))
 
     def _workers_died(self, trainer: pl.Trainer) -> None:
         # The workers went with the signal; the last finished step is intact.
@@ -134,13 +127,8 @@ class StopOnSignal(pl.Callback):
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._restore_broadcast()
 
-    def _unroute(self) -> None:
-        for loader in self._routed:
-            batch_routing.unroute(loader, layer=_LAYER)
-        self._routed.clear()
-
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        self._unroute()
+        self._layer.remove()
         if self.request.requested and not self._stopped and trainer.state.fn == "fit":
             log.info(
                 "%s after the last training step: the run had finished, its reports are "
@@ -153,15 +141,12 @@ class StopOnSignal(pl.Callback):
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
         self._restore_broadcast()
         self.request.uninstall()
-        self._unroute()
+        self._layer.remove()
 
     def _restore_broadcast(self) -> None:
         if self._undo_broadcast is not None:
             self._undo_broadcast()
             self._undo_broadcast = None
-
-
-_LAYER = "stop-on-signal"
 
 
 def _last_checkpoint_path(trainer: pl.Trainer) -> Path:

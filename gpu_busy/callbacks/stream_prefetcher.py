@@ -60,7 +60,7 @@ class StreamPrefetcher(pl.Callback):
         self.eval_stats = PrefetchStats()
         self.report: dict = {}  # whole-fit figures over all ranks, after fit
         self._copier: StreamCopier | None = None
-        self._routed: list = []
+        self._layer = batch_routing.Layer("prefetch")
 
     # -- set-up and tear-down ------------------------------------------------------
 
@@ -95,9 +95,7 @@ class StreamPrefetcher(pl.Callback):
             self._copier = StreamCopier(_device(trainer), pin_memory=self.pin_memory)
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        for loader in self._routed:
-            batch_routing.unroute(loader)
-        self._routed.clear()
+        self._layer.remove()
         if self._copier is not None:
             self._copier.close()
 
@@ -129,9 +127,7 @@ class StreamPrefetcher(pl.Callback):
             limit = compat.batches_left_to_read(loop, training)  # no more than Lightning's
             return PrefetchIterator(items, self._copier, depth=self.depth, limit=limit, stats=stats)
 
-        loader = batch_routing.route_batches(loop, make_iterator)
-        if loader is not None and loader not in self._routed:
-            self._routed.append(loader)
+        if self._layer.route(loop, make_iterator) is not None:  # newly routed
             # Read before the loader was routed (Lightning's look-ahead for a loader without
             # a length): moved here, so that every batch reaches the step the same way.
             held = compat.fetched_ahead(loop)

@@ -145,26 +145,34 @@ def throttle_sigterm_broadcast(trainer: pl.Trainer, due: Callable[[], bool]) -> 
     return undo
 
 
-def around_batch_end(
-    trainer: pl.Trainer, enter: Callable[[], None], leave: Callable[[], None]
+def around_callback_hooks(
+    enter: Callable[[], None], leave: Callable[[], None]
 ) -> Callable[[], None]:
-    """Call ``enter`` and ``leave`` around Lightning's own work after a training batch, the
-    step's metrics gathered (and its ``prog_bar`` ones converted): after every callback's
-    and the module's ``on_train_batch_end``, where no hook reaches. Returns the undo."""
-    connector = trainer._logger_connector
-    # Private: _LoggerConnector.on_batch_end (Lightning 2.0 to 2.6), called by
-    # _TrainingEpochLoop.advance right after the module's on_train_batch_end.
-    original = connector.on_batch_end
+    """Call ``enter`` as Lightning starts calling the callbacks' hooks for an event, and
+    ``leave`` when they have all returned, for every event, until the returned undo is
+    called. What runs between is the loops' and the LightningModule's own work."""
+    from lightning.pytorch.trainer import call
 
-    def on_batch_end(*args: Any, **kwargs: Any) -> Any:
+    # Private: lightning.pytorch.trainer.call._call_callback_hooks (Lightning 2.0 to 2.6):
+    # every loop, the precision plugin and the Trainer call the callbacks' hooks through
+    # it, as an attribute of the module (``call._call_callback_hooks(...)``).
+    original = call._call_callback_hooks
+
+    @functools.wraps(original)
+    def call_callback_hooks(*args: Any, **kwargs: Any) -> Any:
         enter()
         try:
             return original(*args, **kwargs)
         finally:
             leave()
 
-    connector.on_batch_end = on_batch_end
-    return lambda: connector.__dict__.pop("on_batch_end", None)
+    call._call_callback_hooks = call_callback_hooks
+
+    def undo() -> None:
+        if call._call_callback_hooks is call_callback_hooks:
+            call._call_callback_hooks = original
+
+    return undo
 
 
 def keep_handlers_past_teardown(trainer: pl.Trainer, handlers: dict[int, Any]) -> dict[int, Any]:

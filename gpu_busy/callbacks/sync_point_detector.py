@@ -6,7 +6,8 @@ step's own; validation and epoch boundaries are not watched. The first steps are
 watched, then a sample whose cost stays within ``overhead_budget`` of the fit
 (``gpu_busy.syncs.sampling``); every rank watches the same steps. ``strict=True`` raises
 ``SyncError`` at the first sync in a watched step that is neither a logging step nor
-right after one. On a CPU-only run CPU tensors count as device memory, so CPU CI finds
+right after one, in the step or in the loop's and the module's own work around it, never
+in a callback's hooks. On a CPU-only run CPU tensors count as device memory, so CPU CI finds
 the lines a GPU run would. Details: docs/ARCHITECTURE.md, "Finding host-device syncs".
 
 Figures: ``syncs/*`` at logging steps; at the end of fit rank zero prints every rank's
@@ -47,7 +48,7 @@ class SyncPointDetector(pl.Callback):
         overhead_budget: share of training time the watched steps may cost (0.01 = 1%).
         first_steps: batches watched at the start of every fit, whatever they cost. None:
             3, or fewer where the fit's length is known and 3 would not fit the budget.
-        strict: raise at the first sync in a watched non-logging step.
+        strict: raise at the first sync in a watched steady step (not a callback's hooks).
         device_type: which tensors count as device memory; None follows the root device.
         log_stats: write ``syncs/*`` at Lightning's logging steps.
     """
@@ -104,9 +105,9 @@ class SyncPointDetector(pl.Callback):
         self.steps = WatchedSteps(
             self.detector, self.schedule, self.strict, on_open=lambda: self._ddp_map(trainer)
         )
-        # Strict covers Lightning's own work after a step, not the callbacks' saves.
+        # Strict covers the step and the loop's own work, never a callback's hooks.
         self._unwrap.callback(
-            compat.around_batch_end(trainer, self.steps.loop_work_begins, self.steps.loop_work_ends)
+            compat.around_callback_hooks(self.steps.hooks_begin, self.steps.hooks_end)
         )
         self._fit_start = time.perf_counter()
         self._first_global_step = trainer.global_step

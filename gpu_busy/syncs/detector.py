@@ -358,7 +358,8 @@ class SyncDetector:
         if self._track_ops and not heard:
             self._unheard += 1  # CUDA will report this sync too, when the call returns
         if self.strict and event.allowed is None:
-            raise SyncError(f"host-device sync: {event}")
+            fix = f"; fix: {event.hint}" if event.hint else ""
+            raise SyncError(f"host-device sync: {event}{fix}")
 
     def guarded(self, fn: Callable[..., T], *args: Any) -> T | None:
         """Run a piece of the detector's own machinery. Whatever goes wrong in it is counted

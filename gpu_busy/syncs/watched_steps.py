@@ -2,9 +2,11 @@
 
 Each step has a window from the end of the step before to the end of its own, so the
 work a loop does between steps (Lightning's logging, the next batch's fetch and transfer)
-counts with the step it serves. A ``WatchSchedule`` says which windows are watched; in a
-watched window ``strict`` applies unless the step is a logging step or right after one
-(those read metrics back by design). The caller only says where the loop is; this class
+counts with the step it serves. A ``WatchSchedule`` says which windows are watched. In a
+watched window ``strict`` applies to the step unless it is a logging step or right after
+one (those read metrics back by design), and to the loop's work after the step unless the
+step logged; never inside the callbacks' hooks (``hooks_begin``/``hooks_end``): a save
+every N steps is not a step's sync. The caller only says where the loop is; this class
 enters and leaves the detector, arms ``strict`` and times the windows for the schedule.
 
 Example::
@@ -55,7 +57,10 @@ class WatchedSteps:
         self.after_logging = False  # the current window began right after a logging step
         self._clean = True  # no validation or epoch start inside the current window
         self._window_start: float | None = None
+        self._in_step = False  # between step_starts and step_ends
+        self._strict_step = False  # strict in the step itself
         self._strict_between = False  # strict in the loop's own work after the step
+        self._in_hooks = 0  # callback hooks running (they nest)
         self._due = schedule.should_watch(0)
 
     def epoch_starts(self) -> None:
@@ -70,7 +75,9 @@ class WatchedSteps:
             if self._due:
                 self._open_window()
         self.detector.phase = "training_step"
-        self.detector.strict = self.strict and self.watching and self._steady(logging)
+        self._in_step = True
+        self._strict_step = self.strict and self._steady(logging)
+        self._arm()
 
     def phase(self, name: str) -> None:
         self.detector.phase = name
@@ -79,6 +86,7 @@ class WatchedSteps:
         """Close the step's window: when it was watched, its events and whether the step
         was steady (neither a logging step nor right after one); else None."""
         now = self._clock()
+        self._in_step = False
         watched, steady = self.watching, self._steady(logging)
         events = self._close_window() if watched else []
         if self._window_start is not None and self._clean and steady and self.steps > 0:
@@ -95,17 +103,23 @@ class WatchedSteps:
         if self._due:
             self._open_window()
             self.detector.phase = "between steps"
-            # The loop's own work on this step's results is the step's: strict unless the
-            # step logged (see loop_work_begins).
+            # The loop's own work after this step (its prog_bar conversions, the next
+            # fetch) is the step's: strict unless the step logged.
             self._strict_between = self.strict and not self.after_logging
+            self._arm()
 
-    def loop_work_begins(self) -> None:
-        """The loop's own work after a step begins (not other callbacks' saves)."""
-        if self.watching and self._strict_between:
-            self.detector.strict = True
+    def hooks_begin(self) -> None:
+        """The callbacks' hooks for an event start: no strict in them."""
+        self._in_hooks += 1
+        self._arm()
 
-    def loop_work_ends(self) -> None:
-        self.detector.strict = False
+    def hooks_end(self) -> None:
+        self._in_hooks = max(0, self._in_hooks - 1)
+        self._arm()
+
+    def _arm(self) -> None:
+        step_or_loop = self._strict_step if self._in_step else self._strict_between
+        self.detector.strict = self.watching and not self._in_hooks and step_or_loop
 
     def pause(self) -> None:
         """Validation inside the fit: not a step."""
@@ -131,12 +145,14 @@ class WatchedSteps:
     def _open_window(self) -> None:
         self._on_open()
         self.watching = True
+        self._strict_between = False  # set by next_window, once the step is known
         self.detector.take()
-        self.detector.strict = False  # armed in step_starts, once the step is known
+        self.detector.strict = False  # armed by _arm once it is known where the loop is
         self.detector.__enter__()
 
     def _close_window(self) -> list[SyncEvent]:
         self.watching = False
+        self.detector.strict = False
         if self.detector.active:
             self.detector.__exit__(None, None, None)
         return self.detector.take()

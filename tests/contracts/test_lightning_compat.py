@@ -319,13 +319,14 @@ def test_lightnings_teardown_puts_back_the_handler_we_keep(tmp_path):
 
 def test_prog_bar_conversions_are_found_at_the_line_that_logged_them(tmp_path):
     """LightningModule._current_fx_name, ResultCollection.metrics' ``result_metric`` and
-    _LoggerConnector.on_batch_end: where Lightning converts a prog_bar metric after a step."""
+    trainer.call._call_callback_hooks: a detector watching all but the callbacks' hooks sees
+    where Lightning converts a prog_bar metric after a step, at the user's line."""
     from lightning.pytorch.demos.boring_classes import BoringModel
 
     from gpu_busy.syncs.detector import SyncDetector
 
     logged = compat.LoggedAt()
-    found, order = [], []
+    found, in_hooks = [], []
 
     class Logs(BoringModel):
         def training_step(self, batch, batch_idx):
@@ -335,27 +336,30 @@ def test_prog_bar_conversions_are_found_at_the_line_that_logged_them(tmp_path):
 
     class Probe(pl.Callback):
         def on_train_start(self, trainer, pl_module):
-            detector = SyncDetector("cpu", origins=(logged.origin,))
-            self.undo = compat.around_batch_end(
-                trainer, lambda: (order.append("enter"), detector.__enter__()),
-                lambda: (detector.__exit__(None, None, None), order.append("leave"),
-                         found.extend(detector.take())),
-            )  # fmt: skip
+            self.detector = detector = SyncDetector("cpu", origins=(logged.origin,))
+            self.undo = compat.around_callback_hooks(
+                lambda: detector.active and detector.__exit__(None, None, None),
+                lambda: detector.active or detector.__enter__(),
+            )
 
         def on_train_batch_end(self, trainer, *args):
-            order.append("callback")
+            in_hooks.append(self.detector.active)
 
         def on_train_end(self, trainer, pl_module):
             self.undo()
+            found.extend(e for e in self.detector.take() if "result.py" in (e.via or ""))
 
     trainer = quiet_trainer(max_steps=2, callbacks=[Probe()], default_root_dir=tmp_path)
     with logged.install():
         assert pl.LightningModule.log is not BoringModel.__dict__.get("log")
         trainer.fit(Logs())
     assert pl.LightningModule.log.__qualname__ == "LightningModule.log"  # restored
-    assert order == ["callback", "enter", "leave"] * 2
+    assert in_hooks == [False, False]  # the callbacks' hooks were not watched
+    from lightning.pytorch.trainer import call
+
+    assert call._call_callback_hooks.__qualname__ == "_call_callback_hooks"  # restored
     (fx_name,) = logged.lines
     assert fx_name == ("training_step", "pb")
     assert [e.op for e in found] == ["Tensor.item()"] * 2, found
     assert all(e.filename == __file__ and "log_dict" in e.code for e in found)
-    assert all("result.py" in e.via and e.function == "training_step" for e in found)
+    assert all(e.function == "training_step" for e in found)

@@ -10,6 +10,7 @@ import types
 import lightning.pytorch as pl
 import pytest
 import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
 
 from gpu_busy.callbacks import LoggingStepProgressBar, SyncPointDetector
 from gpu_busy.syncs import SyncError, assert_no_syncs
@@ -296,3 +297,51 @@ def test_strict_fails_at_the_self_log_line_of_a_prog_bar_metric(tmp_path):
     with pytest.raises(SyncError, match=r"at .*test_sync_point_detector.py:\d+ in training_step"):
         _fit(tmp_path, ProgBarLoss(width=4), [SyncPointDetector(strict=True)])
     assert pl.LightningModule.log.__module__ == "lightning.pytorch.core.module"  # unwrapped
+
+
+class ReadsInItsHooks(ImageClassifier):
+    """A per-step read in the module's own hooks around the step: the step's sync too."""
+
+    hook = "on_train_batch_end"
+
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        if self.hook == "on_train_batch_end":
+            self.last = outputs["loss"].item()  # the hook's read
+
+    def on_before_batch_transfer(self, batch, dataloader_idx):
+        if self.hook == "on_before_batch_transfer" and self.trainer.training:
+            self.seen = self.net[0].weight.sum().item()  # the transfer hook's read
+        return batch
+
+
+@pytest.mark.parametrize("hook", ["on_train_batch_end", "on_before_batch_transfer"])
+def test_strict_fails_a_read_in_the_modules_own_hooks_between_steps(tmp_path, hook):
+    model = ReadsInItsHooks(width=4)
+    model.hook = hook
+    with pytest.raises(SyncError, match=r"the hook's read|the transfer hook's read"):
+        _fit(tmp_path, model, [SyncPointDetector(strict=True)])
+
+
+class ReadsParameters(pl.Callback):
+    """A callback's own per-step read, in any of its batch hooks."""
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.before = float(next(pl_module.parameters()).sum())
+
+    def on_before_zero_grad(self, trainer, pl_module, optimizer):
+        self.during = float(next(pl_module.parameters()).sum())
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.after = float(next(pl_module.parameters()).sum())
+
+
+def test_strict_never_fails_a_callbacks_hooks_wherever_it_sits_in_the_list(tmp_path):
+    """Callbacks before and after the detector, and a checkpoint every 2 steps: their
+    reads are counted in the report, never a failure of the step."""
+    save = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=2, save_top_k=-1)
+    detector = SyncPointDetector(strict=True, first_steps=100)
+    callbacks = [ReadsParameters(), detector, ReadsParameters(), save]
+    _fit(tmp_path, ImageClassifier(width=4), callbacks, enable_checkpointing=True)
+    assert detector.report["watched_batches"] == 12
+    assert any("ReadsParameters" in (s.code or "") or "float(" in (s.code or "")
+               for s in detector.table.sites.values())  # fmt: skip

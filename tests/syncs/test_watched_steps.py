@@ -47,7 +47,7 @@ def test_strict_raises_only_in_a_steady_watched_step():
     assert not steps.detector.active
 
 
-def test_the_loop_work_after_a_step_is_strict_unless_the_step_logged():
+def test_the_loop_work_after_a_step_is_strict_unless_the_step_logged_and_hooks_never_are():
     x = torch.ones(3)
     clock = Clock()
     steps = WatchedSteps(SyncDetector("cpu"), WatchSchedule(first=10), strict=True, clock=clock)
@@ -55,16 +55,15 @@ def test_the_loop_work_after_a_step_is_strict_unless_the_step_logged():
     steps.step_starts(logging=False)
     steps.step_ends(logging=True)
     steps.next_window()
-    steps.loop_work_begins()  # after a logging step: its reads are allowed
-    x.sum().item()
-    steps.loop_work_ends()
-    steps.step_starts(logging=False)
+    x.sum().item()  # after a logging step: the loop writes its metrics, allowed
+    steps.step_starts(logging=False)  # right after a logging step: not steady either
     steps.step_ends(logging=False)
     steps.next_window()
-    steps.loop_work_begins()
+    steps.hooks_begin()  # a callback's hooks (a save every N steps): never strict
+    x.sum().item()
+    steps.hooks_end()
     with pytest.raises(SyncError):
-        x.sum().item()
-    steps.loop_work_ends()
+        x.sum().item()  # the loop's own work after a steady step: strict
     steps.close()
 
 
@@ -81,3 +80,12 @@ def test_only_clean_steady_windows_after_the_first_time_the_schedule():
     steps.pause()  # validation between epochs leaves the next window unclean
     steps.resume()
     assert steps.steps == 6 and not steps.watching
+
+
+def test_strict_says_the_fix_with_the_line():
+    x = torch.ones(3)
+    clock = Clock()
+    steps = WatchedSteps(SyncDetector("cpu"), WatchSchedule(first=10), strict=True, clock=clock)
+    with pytest.raises(SyncError, match=r"Tensor\.item\(\) at .*; fix: .+"):
+        loop(steps, clock, [False, False], lambda i: x.sum().item())
+    steps.close()

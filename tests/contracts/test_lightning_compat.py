@@ -337,9 +337,10 @@ def test_prog_bar_conversions_are_found_at_the_line_that_logged_them(tmp_path):
     class Probe(pl.Callback):
         def on_train_start(self, trainer, pl_module):
             self.detector = detector = SyncDetector("cpu", origins=(logged.origin,))
+            self.done = False
             self.undo = compat.around_callback_hooks(
                 lambda: detector.active and detector.__exit__(None, None, None),
-                lambda: detector.active or detector.__enter__(),
+                lambda: self.done or detector.active or detector.__enter__(),
             )
 
         def on_train_batch_end(self, trainer, *args):
@@ -347,14 +348,17 @@ def test_prog_bar_conversions_are_found_at_the_line_that_logged_them(tmp_path):
 
         def on_train_end(self, trainer, pl_module):
             self.undo()
+            self.done = True  # the hooks' end, still to come, must not watch again
             found.extend(e for e in self.detector.take() if "result.py" in (e.via or ""))
 
-    trainer = quiet_trainer(max_steps=2, callbacks=[Probe()], default_root_dir=tmp_path)
+    probe = Probe()
+    trainer = quiet_trainer(max_steps=2, callbacks=[probe], default_root_dir=tmp_path)
     with logged.install():
         assert pl.LightningModule.log is not BoringModel.__dict__.get("log")
         trainer.fit(Logs())
     assert pl.LightningModule.log.__qualname__ == "LightningModule.log"  # restored
     assert in_hooks == [False, False]  # the callbacks' hooks were not watched
+    assert not probe.detector.active
     from lightning.pytorch.trainer import call
 
     assert call._call_callback_hooks.__qualname__ == "_call_callback_hooks"  # restored

@@ -47,7 +47,11 @@ def class_coded_images(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def loader_workers() -> int:
     """The cores this process may use, less one for it (at most 8)."""
-    return max(0, min(8, len(os.sched_getaffinity(0)) - 1))
+    try:
+        cores = len(os.sched_getaffinity(0))  # what a container or taskset allows
+    except AttributeError:  # macOS
+        cores = os.cpu_count() or 1
+    return max(0, min(8, cores - 1))
 
 
 class _Pairs(Dataset):

@@ -21,6 +21,7 @@ import argparse
 import sys
 
 import gpu_busy.idle.causes as cause_table
+from gpu_busy.report import rounded
 from gpu_busy.report.files import RunFiles
 from gpu_busy.report.picture import side_by_side
 from gpu_busy.report.verdict import decide
@@ -64,7 +65,7 @@ def compare(
         va, vb = a.figure(name, path), b.figure(name, path)
         if va is None and vb is None and name == "run":
             continue
-        cells = (_fmt(va, unit), _fmt(vb, unit), _change(va, vb, unit))
+        cells = (rounded(va, unit), rounded(vb, unit), _change(va, vb, unit))
         lines.append(f"{label:<38}" + "".join(f"{c:>12}" for c in cells))
     for run, tag in ((a, "A"), (b, "B")):
         if run.idle:
@@ -151,12 +152,6 @@ def main(argv: list[str] | None = None) -> int:
         lines.insert(-3, f"picture: {drawn}")
     print("\n".join(lines))
     return 1 if lines[-1].startswith("worse:") else 0
-
-
-def _fmt(value: float | None, unit: str) -> str:
-    if value is None:
-        return "n/a"
-    return f"{value:,.0f}{unit}" if abs(value) >= 100 else f"{value:.2f}{unit}"
 
 
 def _change(a: float | None, b: float | None, unit: str = "") -> str:

@@ -19,6 +19,7 @@ from typing import Any
 
 import gpu_busy.idle.causes as cause_table
 from gpu_busy.idle.stats import IdleStats
+from gpu_busy.report import figure
 from gpu_busy.report.files import IdleReport
 from gpu_busy.report.picture import batch_breakdown
 from gpu_busy.window_sums import mean_and_max
@@ -142,14 +143,10 @@ def render_table(report: dict[str, Any]) -> list[str]:
         )
         lines.append(
             f"trace {t.get('path', '')}: {t['span_ms']:.1f} ms span, idle "
-            f"{_fmt(t.get('idle_pct'), '%')} ({t['idle_ms']:.2f} ms: {causes or 'none'}); "
+            f"{figure(t.get('idle_pct'), '%')} ({t['idle_ms']:.2f} ms: {causes or 'none'}); "
             f"NCCL {t['nccl_ms']:.2f} ms"
         )
     return lines
-
-
-def _fmt(value: float | None, unit: str) -> str:
-    return "n/a" if value is None else f"{value:.2f}{unit}"
 
 
 def _cell(ms: float | None, step_ms: float | None) -> str:

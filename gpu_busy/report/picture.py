@@ -16,6 +16,7 @@ from typing import Any
 
 import gpu_busy.idle.causes as cause_table
 from gpu_busy.idle.stats import StepSeries
+from gpu_busy.report import rounded
 from gpu_busy.report.files import RunFiles
 
 
@@ -104,7 +105,7 @@ def side_by_side(a: RunFiles, b: RunFiles, path: str | Path) -> Path | None:
             whole.barh(y, width, left=left, color=colour, label=label if y else None)
             left += width
         name, value = run.throughput()
-        whole.text(left, y, f" {_number(value)} {name}", va="center", fontsize=8)
+        whole.text(left, y, f" {rounded(value)} {name}", va="center", fontsize=8)
         longest = max(longest, left)
     whole.set_xlim(0, longest * 1.3 or 1)
     whole.set_yticks([1, 0], ["A", "B"])
@@ -141,9 +142,3 @@ def _save(plt: Any, fig: Any, path: str | Path) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
-
-
-def _number(value: float | None) -> str:
-    if value is None:
-        return "n/a"
-    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.2f}"

@@ -8,6 +8,7 @@ Example::
 from __future__ import annotations
 
 from gpu_busy.prefetch import PrefetchStats
+from gpu_busy.report import figure
 from gpu_busy.report.files import PrefetchReport
 
 
@@ -17,8 +18,8 @@ def end_of_fit(total: PrefetchStats) -> tuple[PrefetchReport, list[str]]:
     if not total.batches:
         return report, []
     lines = [
-        f"prefetch: {total.batches} batches; copy {_fmt(m['copy_ms'], ' ms')}/batch, "
-        f"{_fmt(m['exposed_copy_ms'], ' ms')} exposed, {_fmt(m['hidden_copy_pct'], '%')} "
+        f"prefetch: {total.batches} batches; copy {figure(m['copy_ms'], ' ms')}/batch, "
+        f"{figure(m['exposed_copy_ms'], ' ms')} exposed, {figure(m['hidden_copy_pct'], '%')} "
         "hidden"
     ]
     if total.pageable_batches:
@@ -29,7 +30,3 @@ def end_of_fit(total: PrefetchStats) -> tuple[PrefetchReport, list[str]]:
             "move themselves with .to(), so Lightning copied them on the compute stream"
         )
     return report, lines
-
-
-def _fmt(value: float | None, unit: str = "") -> str:
-    return "n/a" if value is None else f"{value:.2f}{unit}"

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import asdict
 
 from gpu_busy.idle.causes import thresholds
+from gpu_busy.report import figure
 from gpu_busy.report.files import SyncsReport
 from gpu_busy.syncs.sampling import WatchSchedule
 from gpu_busy.syncs.sites import SyncSiteTable
@@ -41,8 +42,8 @@ def end_of_fit(
     steps = f" ({optimizer_steps} optimizer steps)" if optimizer_steps != batches else ""
     headline = (
         f"sync points: {summary['watched_batches']} of {batches} training batches "
-        f"watched{steps}; {_number(summary['syncs_per_batch'])} syncs/batch, "
-        f"{_number(summary['steady_syncs_per_batch'])} in steady state (not logging "
+        f"watched{steps}; {figure(summary['syncs_per_batch'])} syncs/batch, "
+        f"{figure(summary['steady_syncs_per_batch'])} in steady state (not logging "
         f"steps); {_overhead(summary)}"
     )
     watched = totals.watched if table.costs else None
@@ -96,10 +97,6 @@ def _summary(table, totals, world_size, batches, costs, budget, interval, fit_se
 
 def _ratio(a: float, b: float) -> float | None:
     return a / b if b else None
-
-
-def _number(x: float | None) -> str:
-    return "n/a" if x is None else f"{x:.2f}"
 
 
 def _cost_line(summary: dict) -> str:

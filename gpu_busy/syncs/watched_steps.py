@@ -36,8 +36,8 @@ class WatchedSteps:
     """Args:
     detector: the detector to drive (entered only inside watched windows).
     schedule: which steps to watch; fed each comparable window's time.
-    strict: raise at a sync in a watched step that is neither a logging step nor right
-        after one.
+    strict: raise at a sync in a watched steady step or in the loop's work after one,
+        never inside the callbacks' hooks (see the module's docstring).
     on_open: called as each watched window opens (to tell the detector about memory
         that a step copies to the host by design).
     """
@@ -145,10 +145,8 @@ class WatchedSteps:
     def _open_window(self) -> None:
         self._on_open()
         self.watching = True
-        self._strict_between = False  # set by next_window, once the step is known
         self.detector.take()
-        self.detector.strict = False  # armed by _arm once it is known where the loop is
-        self.detector.__enter__()
+        self.detector.__enter__()  # strict: armed by the caller's _arm, where the loop is
 
     def _close_window(self) -> list[SyncEvent]:
         self.watching = False

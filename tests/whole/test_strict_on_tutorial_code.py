@@ -125,8 +125,11 @@ def test_a_sync_free_tutorial_loop_passes_strict(tmp_path, case):
 
 def test_dict_batches_and_an_iterable_dataset_pass_strict(tmp_path):
     pairs = list(zip(*_pairs().tensors, strict=True))
-    _fit(tmp_path / "dicts", Tutorial(), DataLoader(pairs, batch_size=4, collate_fn=_dicts))
-    _fit(tmp_path / "stream", Tutorial(), DataLoader(Stream(), batch_size=4))
+    dicts = _fit(tmp_path / "dicts", Tutorial(), DataLoader(pairs, batch_size=4, collate_fn=_dicts))
+    stream = _fit(tmp_path / "stream", Tutorial(), DataLoader(Stream(), batch_size=4))
+    for detector in (dicts, stream):  # every batch watched, none of them syncing
+        assert detector.report["watched_batches"] == 36
+        assert detector.report["steady_syncs_per_batch"] == 0
 
 
 def test_an_averaged_model_ema_fails_strict_at_its_own_line(tmp_path):

@@ -17,9 +17,32 @@ Example::
 
 from __future__ import annotations
 
+import gc
+import os
 import threading
 
 import torch
+
+_forked_children_safe = False
+
+
+def cuda_event(enable_timing: bool = False) -> torch.cuda.Event:
+    """``torch.cuda.Event``, after making this process's forked children leave it alone.
+
+    A forked child (a DataLoader worker) inherits every object not yet collected here. If
+    a recorded event sits in a reference cycle (a finished Trainer and its callbacks),
+    the child's first collection frees it, and its destructor calls CUDA, which a forked
+    child cannot: c10::cuda::ExchangeDevice raises inside the destructor and the worker
+    dies in terminate() ("CUDA error: initialization error"; seen on a GPU machine). So
+    the first event made registers ``gc.freeze`` to run in each forked child: what it
+    inherited stays out of its collections (the child never uses it, and its pages stay
+    shared); what it makes itself is collected as usual.
+    """
+    global _forked_children_safe
+    if not _forked_children_safe:
+        os.register_at_fork(after_in_child=gc.freeze)
+        _forked_children_safe = True
+    return torch.cuda.Event(enable_timing=enable_timing)
 
 
 class EventPool:
@@ -45,7 +68,7 @@ class EventPool:
             if self._created >= self.capacity:
                 return None
             self._created += 1
-        return torch.cuda.Event(enable_timing=True)
+        return cuda_event(enable_timing=True)
 
     def release(self, *events: torch.cuda.Event | None) -> None:
         with self._lock:

@@ -41,7 +41,7 @@ from typing import Any
 import torch
 from lightning_utilities.core.apply_func import apply_to_collection
 
-from gpu_busy.event_pool import EventPool
+from gpu_busy.event_pool import EventPool, cuda_event
 from gpu_busy.window_sums import WindowSums
 
 PAGEABLE_WARNING = (
@@ -285,7 +285,7 @@ class StreamCopier:
             self._events.release(start)
             start = None
         if ready is None:
-            ready = torch.cuda.Event()  # still needed to order the streams
+            ready = cuda_event()  # still needed to order the streams
         with torch.cuda.stream(self.stream):
             if start is not None:
                 start.record()

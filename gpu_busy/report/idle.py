@@ -113,8 +113,12 @@ def render_table(report: dict[str, Any]) -> list[str]:
     if not report.get("timed_steps"):
         return [lines[0], f"  n/a: {untimed(report)}"]
 
-    def row(label: str, key: str, problem: float | None = None, share: bool = True) -> None:
-        cells = [_cell(fig.get(key), fig.get("step_ms") if share else None) for fig in (mean, most)]
+    def row(
+        label: str, key: str, problem: float | None = None, share: bool = True, unit: str = " ms"
+    ) -> None:
+        cells = [
+            _cell(fig.get(key), fig.get("step_ms") if share else None, unit) for fig in (mean, most)
+        ]
         text = f"{label:<36}{cells[0]:>18}" + (f"{cells[1]:>18}" if many else "")
         lines.append(text + (f"   {100 * problem:.0f}% of a step" if problem else ""))
 
@@ -129,7 +133,7 @@ def render_table(report: dict[str, Any]) -> list[str]:
     if cuda:  # on a host clock these equal the rows above
         row("host: step", "host_step_ms", share=False)
         row("host: wait for the DataLoader", "loader_wait_ms", share=False)
-        row("syncs per batch (CUDA sync debug, all)", "cuda_syncs_per_batch", share=False)
+        row("syncs per batch (CUDA sync debug, all)", "cuda_syncs_per_batch", share=False, unit="")
     if many:
         row("host: backward (holds DDP waits)", "host_backward_ms", share=False)
     for t in report.get("traces", []):
@@ -149,8 +153,9 @@ def render_table(report: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _cell(ms: float | None, step_ms: float | None) -> str:
-    """``"2.16 ms (0.9%)"``: a time per batch and its share of the step; n/a where unknown."""
-    if ms is None:
+def _cell(value: float | None, step_ms: float | None, unit: str = " ms") -> str:
+    """``"2.16 ms (0.9%)"``: a figure per batch and, for a time, its share of the step; n/a
+    where unknown."""
+    if value is None:
         return "n/a"
-    return f"{ms:.2f} ms" + (f" ({100 * ms / step_ms:.1f}%)" if step_ms else "")
+    return figure(value, unit) + (f" ({100 * value / step_ms:.1f}%)" if step_ms else "")

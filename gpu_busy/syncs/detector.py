@@ -188,10 +188,9 @@ class SyncDetector:
         self._ops: list[str] = []  # aten/Python ops in flight, to name CUDA's warnings
         self._track_ops = False
         # CUDA's warnings come late (see _cuda_debug_warnings): the calls the layers are
-        # running on the entering thread, and the events recorded since the outermost began
-        # whose warnings have not been heard yet.
+        # running on the entering thread, and the events recorded since the outermost began.
         self._depth = 0
-        self._unheard = 0
+        self._call_events = 0
         self._thread: int | None = None
         self._stack: contextlib.ExitStack | None = None
         self.timeline = SyncTimeline()  # what each event cost, by its index in events
@@ -221,7 +220,7 @@ class SyncDetector:
 
     def __exit__(self, *exc: Any) -> None:
         stack, self._stack = self._stack, None
-        self._inside = self._depth = self._unheard = 0
+        self._inside = self._depth = self._call_events = 0
         self._untimed = None
         self.timeline.close()
         self._ops.clear()
@@ -355,8 +354,8 @@ class SyncDetector:
         event = dataclasses.replace(event, hint=hint, allowed=_ALLOWED.get())
         self.events.append(event)
         self._untimed = len(self.events) - 1 if timed else None
-        if self._track_ops and not heard:
-            self._unheard += 1  # CUDA will report this sync too, when the call returns
+        if self._track_ops and (self._depth or not heard):
+            self._call_events += 1  # CUDA's warnings for this call are this event's
         if self.strict and event.allowed is None:
             fix = f"; fix: {event.hint}" if event.hint else ""
             raise SyncError(f"host-device sync: {event}{fix}")
@@ -427,9 +426,7 @@ class SyncDetector:
         self._ops.pop()
         self._depth -= 1
         if not self._depth:
-            # Every warning of the outermost call has been heard: what is left over came
-            # from syncs CUDA's mode does not report (an explicit synchronize()).
-            self._unheard = 0
+            self._call_events = 0  # every warning of the outermost call has been heard
 
     def take_untimed(self) -> int | None:
         """The event just recorded for an op about to run outside the layers (an explicit
@@ -457,17 +454,16 @@ class SyncDetector:
 
         Its warning is a C++ warning, heard when the outermost Python call around the op
         returns (for a sync in ``backward()``, when ``backward()`` returns): after the
-        layers have recorded the op, and with no mark of which op it was. So each event the
-        layers record is a warning still to come, and a warning is a new event only when
-        every event recorded since the outermost call began has been heard from. One event
-        per call, as the rules count; a sync the rules miss is named after the call it came
-        from. ``run_op`` and the synchronize() wrappers open those calls.
+        layers have recorded the op, with no mark of which op it was, and as many times as
+        the call waited inside (``repr`` of a CUDA tensor: 14 on a GPU machine, for one
+        print). So the warnings of a call the layers recorded are that call's events, and
+        a call they missed is one event, named after the call, however many it raised.
+        ``run_op`` and the synchronize() wrappers open those calls.
         """
 
         def on_sync() -> None:
-            if self._unheard > 0:
-                self._unheard -= 1  # the sync a rule recorded, reported again
-                return
+            if self._call_events and self._depth:
+                return  # this call's syncs are already counted
             current = self._ops[-1] if self._ops else None
             name = f"{current} (CUDA sync debug)" if current else "a CUDA sync"
             self.record(name, timed=False, heard=True)  # heard after it returned

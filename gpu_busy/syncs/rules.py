@@ -236,6 +236,18 @@ def _isin_syncs(d: Any, args: tuple, kwargs: dict) -> bool:
     return test.numel() >= int(10.0 * n**0.145)
 
 
+def _equal_syncs(d: Any, args: tuple, kwargs: dict) -> bool:
+    # aten/src/ATen/native/cuda/Equal.cpp, cuda_equal: it answers without reading back when
+    # the sizes differ, when there is nothing to compare, and when both are one view of one
+    # memory; else eq(a, b).all().item(). (On a GPU machine: equal(x, x) and equal with a
+    # longer tensor did not wait; equal(x, x.clone()) did.)
+    a, b = args[0], args[1]
+    if not (d.on_device(a) or d.on_device(b)) or a.shape != b.shape or a.numel() == 0:
+        return False
+    same_view = a.is_set_to(b) and a.dtype == b.dtype
+    return not (same_view and a.is_neg() == b.is_neg() and a.is_conj() == b.is_conj())
+
+
 def _tensor_from_data_syncs(d: Any, args: tuple, kwargs: dict) -> bool:
     # torch.tensor(list, device=cuda) builds the tensor on the host and copies it over,
     # blocking (the same for as_tensor/asarray of host data).
@@ -444,7 +456,13 @@ _aten(
     lambda d, a, k: d.on_device(a[0]) and arg(a, k, 2, "min", 0) == arg(a, k, 3, "max", 0),
 )
 _aten(
-    ("equal", "allclose"),
+    ("equal",),
+    "torch.equal / torch.allclose",
+    "compare on the device (torch.isclose(a, b).all()) and read it at logging steps",
+    _equal_syncs,
+)
+_aten(
+    ("allclose",),  # isclose(...).all().item(), with no shortcut
     "torch.equal / torch.allclose",
     "compare on the device (torch.isclose(a, b).all()) and read it at logging steps",
 )

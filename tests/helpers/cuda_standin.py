@@ -31,7 +31,7 @@ Example::
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -49,6 +49,9 @@ class StandIn:
     mode: int = 0
     sets: list[int] = field(default_factory=list)  # every mode set, in order
     kernel_syncs: int = 0  # warnings raised inside kernels
+    # Which tensors a GPU run would hold on the device: a read of the others is no sync
+    # (the CPU simulation's host tensors; SyncDetector.on_device answers it).
+    on_device: Callable[[torch.Tensor], bool] = lambda t: True
 
     def set(self, mode: int | str) -> None:
         value = {"default": 0, "warn": 1, "error": 2}.get(mode, mode)
@@ -74,13 +77,15 @@ _current: StandIn | None = None
 
 
 def _local_scalar_dense(t: torch.Tensor):
-    _current.sync_in_kernel()
+    if _current.on_device(t):
+        _current.sync_in_kernel()
     with torch._C.DisableTorchFunction():
         return t.reshape(()).tolist()  # tolist reads memory without _local_scalar_dense
 
 
 def _nonzero(t: torch.Tensor) -> torch.Tensor:
-    _current.sync_in_kernel()
+    if _current.on_device(t):
+        _current.sync_in_kernel()
     with torch._C.DisableTorchFunction():
         found = np.argwhere(t.ne(0).numpy())
     return torch.from_numpy(np.ascontiguousarray(found, dtype=np.int64))

@@ -539,6 +539,15 @@ def test_report_gives_each_figures_rank_max_and_reads_na_for_gpu_figures_on_a_ho
     assert one is not None and one.stat().st_size > 10_000
 
 
+def test_a_cuda_report_gives_syncs_as_a_count_and_times_in_ms():
+    # A GPU machine's table once read "syncs per batch (CUDA sync debug, all)  1.00 ms".
+    stats = IdleStats(steps=10, timed_steps=10, idle_ms=10.0, device_ms=90.0, syncs=30)
+    text = render_table(build_report([stats], cuda=True, clock="cuda events"))
+    (syncs,) = [line for line in text if line.startswith("syncs per batch")]
+    assert syncs.split()[-1] == "3.00", syncs
+    assert any(line.startswith("idle between steps") and " ms (" in line for line in text)
+
+
 # -- the callback, in a real fit on the CPU ------------------------------------------------
 
 

@@ -19,6 +19,7 @@ from gpu_busy import cuda_sync_warnings
 from gpu_busy.syncs import SyncError, detect_syncs
 from gpu_busy.syncs.rules import ATEN_RULES
 from tests.helpers import cuda_standin
+from tests.helpers.sync_cases import CASES, Tensors
 from tests.helpers.trainers import quiet_trainer
 
 # Device memory in the simulation: made before any detector is entered.
@@ -104,6 +105,34 @@ def test_a_sync_missing_from_the_table_is_one_event_named_by_the_call(standin, m
     assert second.op == "torch.where (CUDA sync debug)", second
     assert first.lineno == _line("x.nonzero()  # the") and second.lineno == first.lineno + 1
     assert first.filename == __file__
+
+
+def test_a_call_that_waits_many_times_inside_is_one_event(standin):
+    """repr of a device tensor reads back a dozen values (14 warnings on a GPU machine),
+    all heard when repr returns: one print, one event."""
+    with detect_syncs(device_type="cpu") as rec:
+        repr(x)  # sync: repr
+    assert standin.kernel_syncs > 1, "the stand-in should warn once per read inside repr"
+    assert [e.lineno for e in rec.events] == [_line("# sync: repr")], [str(e) for e in rec.events]
+
+
+SYNCING = [c for c in CASES if c.syncs]
+
+
+@pytest.mark.parametrize("case", SYNCING, ids=[c.name for c in SYNCING])
+def test_every_syncing_case_through_cudas_route_is_as_many_events_as_the_case_says(standin, case):
+    """The case list, with CUDA's warnings raised the way CUDA raises them: as often as
+    the call reads back, heard when it returns. A GPU machine found seven calls that
+    warn more than once (repr 14 times, isin 3); each is still one event. (The sync-free
+    cases stay with the simulation's test: some CPU kernels read back where CUDA's do
+    not, one_hot's bounds check for one, and the stand-in warns at every CPU read.)"""
+    t = Tensors("cpu")
+    with detect_syncs(device_type="cpu") as rec:
+        rec.mark_host(*t.host())
+        standin.on_device = rec.on_device
+        case.run(t)
+    assert rec.internal_errors == 0
+    assert len(rec.events) == case.syncs, [str(e) for e in rec.events]
 
 
 def test_stream_synchronize_is_one_event(standin):

@@ -127,7 +127,7 @@ def _histc():
 
 
 def _equal():
-    return torch.equal(x, x)
+    return torch.equal(x, x + 1)  # not one view of one memory: compared on the device
 
 
 def _allclose():

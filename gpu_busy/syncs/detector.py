@@ -34,6 +34,7 @@ import sys
 import sysconfig
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -44,6 +45,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakIdKeyDictionary
 
+import gpu_busy.cuda_sync_warnings as warning_hook
 from gpu_busy.cuda_sync_warnings import cuda_sync_warnings, debug_mode
 from gpu_busy.syncs.costs import SyncTimeline
 from gpu_busy.syncs.rules import (
@@ -119,6 +121,9 @@ _STDLIB_DIRS = tuple(
     {os.path.abspath(p) for p in (sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib"))}
 )
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+# The route CUDA's warnings travel (the warnings module, the shared hook) is no place to
+# name: a warning heard outside any call is named after the first frame beyond it.
+_WARNING_ROUTE = (os.path.abspath(warning_hook.__file__), os.path.abspath(warnings.__file__))
 _INSTALLED = re.compile(r"[\\/](?:site|dist)-packages[\\/]")
 _is_library_cache: dict[str, bool] = {}
 
@@ -188,9 +193,13 @@ class SyncDetector:
         self._ops: list[str] = []  # aten/Python ops in flight, to name CUDA's warnings
         self._track_ops = False
         # CUDA's warnings come late (see _cuda_debug_warnings): the calls the layers are
-        # running on the entering thread, and the events recorded since the outermost began.
+        # running on the entering thread, the events recorded since the outermost began,
+        # whether a warning was heard in it, and the recorded calls whose warnings are
+        # still to come from a binding around them that the layers do not see.
         self._depth = 0
         self._call_events = 0
+        self._heard_in_call = False
+        self._owed = 0
         self._thread: int | None = None
         self._stack: contextlib.ExitStack | None = None
         self.timeline = SyncTimeline()  # what each event cost, by its index in events
@@ -220,7 +229,8 @@ class SyncDetector:
 
     def __exit__(self, *exc: Any) -> None:
         stack, self._stack = self._stack, None
-        self._inside = self._depth = self._call_events = 0
+        self._inside = self._depth = self._call_events = self._owed = 0
+        self._heard_in_call = False
         self._untimed = None
         self.timeline.close()
         self._ops.clear()
@@ -402,7 +412,7 @@ class SyncDetector:
                 timeline.launch(began)
         if counted:
             self._inside += 1
-        scoped = self._track_ops and self.begin_call(name)
+        scoped = self._track_ops and self.begin_call(name, python=not aten)
         try:
             return func(*args, **kwargs)
         finally:
@@ -413,11 +423,16 @@ class SyncDetector:
             if event is not None:
                 timeline.returned(time.perf_counter())
 
-    def begin_call(self, name: str | None = None) -> bool:
+    def begin_call(self, name: str | None = None, python: bool = True) -> bool:
         """A call the layers see begins (on the entering thread: True, and ``end_call``
-        must follow). CUDA's warnings for the syncs inside it are heard before it ends."""
+        must follow). CUDA's warnings for the syncs inside it are heard before it ends,
+        or, for an aten op run by a C++ binding the layers do not see (``Storage.copy_``
+        in ``torch.save``), when that binding returns: always before Python makes its next
+        call (``python``), so one ends what is still owed."""
         if threading.get_ident() != self._thread:
             return False  # the autograd engine's thread: its warnings replay on ours
+        if python and not self._depth:
+            self._owed = 0
         self._depth += 1
         self._ops.append(name)
         return True
@@ -426,7 +441,9 @@ class SyncDetector:
         self._ops.pop()
         self._depth -= 1
         if not self._depth:
-            self._call_events = 0  # every warning of the outermost call has been heard
+            if self._call_events and not self._heard_in_call:
+                self._owed += 1  # its warnings come when a binding around it returns
+            self._call_events, self._heard_in_call = 0, False
 
     def take_untimed(self) -> int | None:
         """The event just recorded for an op about to run outside the layers (an explicit
@@ -458,12 +475,20 @@ class SyncDetector:
         the call waited inside (``repr`` of a CUDA tensor: 14 on a GPU machine, for one
         print). So the warnings of a call the layers recorded are that call's events, and
         a call they missed is one event, named after the call, however many it raised.
-        ``run_op`` and the synchronize() wrappers open those calls.
+        ``run_op`` and the synchronize() wrappers open those calls. An aten op that a C++
+        binding runs unseen by the function layer (``torch.save`` copying a storage) has its
+        warning issued after the op's call ended; a recorded call that heard none owes one,
+        paid by the next warning heard outside any call.
         """
 
         def on_sync() -> None:
-            if self._call_events and self._depth:
-                return  # this call's syncs are already counted
+            if self._depth:
+                self._heard_in_call = True
+                if self._call_events:
+                    return  # this call's syncs are already counted
+            elif self._owed:
+                self._owed -= 1  # a recorded call's warning, issued by a binding around it
+                return
             current = self._ops[-1] if self._ops else None
             name = f"{current} (CUDA sync debug)" if current else "a CUDA sync"
             self.record(name, timed=False, heard=True)  # heard after it returned
@@ -605,7 +630,7 @@ def _event_here(op: str, phase: str, aten: str | None, origins: tuple = ()) -> S
             return _event_at(op, frame, phase, aten, tuple(chain[:12]), via)
         if not _is_library(filename):
             break
-        if not filename.startswith(_SYNCS_DIR):
+        if not filename.startswith(_SYNCS_DIR) and filename not in _WARNING_ROUTE:
             where = f"{_short_path(filename)}:{frame.f_lineno} in {frame.f_code.co_name}"
             chain.append(where)
             if not filename.startswith(_TORCH_DIR):

@@ -279,3 +279,36 @@ def test_a_fit_arms_the_debug_mode_only_in_the_windows_that_read_it(standin, tmp
     assert spy.modes["epoch end"] == {0}, spy.modes
     assert spy.modes["checkpoint"] == {0}, spy.modes
     assert standin.mode == 0 and standin.sets[-1] == 0
+
+
+def test_a_warning_heard_past_every_call_is_named_beyond_the_warning_route():
+    """On a GPU machine a checkpoint save's copy warned after every call the layers saw had
+    returned, with no user frame before Lightning's loop: the event was named at the
+    hook's own ``on_sync()`` line. It is named at the library line that asked."""
+    import os
+
+    from gpu_busy import cuda_sync_warnings as hook_module
+    from gpu_busy.syncs import detector as detector_module
+
+    site = os.path.dirname(os.path.dirname(os.path.abspath(torch.__file__)))
+    loop_file = os.path.join(site, "lightning", "pytorch", "trainer", "a_loop.py")
+    scope: dict = {"event_here": detector_module._event_here}
+    exec(compile("def hear():\n    return event_here('a CUDA sync', 'between steps', None)\n",
+                 os.path.abspath(hook_module.__file__), "exec"), scope)  # fmt: skip
+    exec(compile("def loop():\n    return hear()\n", loop_file, "exec"), scope)
+    event = scope["loop"]()
+    assert event.filename == loop_file and event.lineno == 2, event
+
+
+def test_a_warning_issued_by_a_binding_the_layers_do_not_see_is_the_recorded_sync(standin):
+    """``torch.save`` copies each CUDA storage with ``Storage.copy_``, a C++ binding: the
+    dispatch layer records the copy, and CUDA's warning comes when that binding returns,
+    after the copy's call ended. A GPU machine counted every checkpoint copy twice (90
+    recorded, 90 heard) until the late warning paid the recorded call's debt."""
+    # DisableTorchFunction: a binding the function layer cannot see, as Storage.copy_
+    with detect_syncs(device_type="cpu") as rec, torch._C.DisableTorchFunction():
+        x.sum().item()  # sync: unseen binding
+    assert standin.kernel_syncs == 1
+    assert [e.lineno for e in rec.events] == [_line("# sync: unseen binding")], [
+        str(e) for e in rec.events
+    ]

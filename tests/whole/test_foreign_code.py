@@ -79,13 +79,15 @@ def steady_sites(detector: SyncPointDetector) -> list:
 # -- Lightning's own demos ------------------------------------------------------------
 
 
-def test_boring_model_is_sync_free(tmp_path, caplog):
-    detector, prefetcher, _ = fit(tmp_path, BoringModel(), caplog=caplog)
+def test_boring_model_is_sync_free(tmp_path, caplog, accelerator):
+    detector, prefetcher, _ = fit(tmp_path, BoringModel(), caplog=caplog, accelerator=accelerator)
     assert steady_sites(detector) == [] and prefetcher.report["batches"] == 8
 
 
-def test_manual_optimisation(tmp_path, caplog):
-    detector, prefetcher, _ = fit(tmp_path, ManualOptimBoringModel(), caplog=caplog)
+def test_manual_optimisation(tmp_path, caplog, accelerator):
+    detector, prefetcher, _ = fit(
+        tmp_path, ManualOptimBoringModel(), caplog=caplog, accelerator=accelerator
+    )
     assert steady_sites(detector) == [] and prefetcher.report["batches"] == 8
 
 
@@ -94,8 +96,10 @@ class IterableBoring(BoringModel):
         return DataLoader(RandomIterableDataset(32, 8), batch_size=None)
 
 
-def test_an_iterable_dataset_without_a_length(tmp_path, caplog):
-    detector, prefetcher, _ = fit(tmp_path, IterableBoring(), caplog=caplog)
+def test_an_iterable_dataset_without_a_length(tmp_path, caplog, accelerator):
+    detector, prefetcher, _ = fit(
+        tmp_path, IterableBoring(), caplog=caplog, accelerator=accelerator
+    )
     assert steady_sites(detector) == [] and prefetcher.report["batches"] == 8
 
 
@@ -117,8 +121,10 @@ class Transformer(LightningTransformer):
         return _tokens(0)
 
 
-def test_the_transformer_demo_copies_its_mask_to_the_device_every_step(tmp_path, caplog):
-    detector, _, _ = fit(tmp_path, Transformer(), caplog=caplog)
+def test_the_transformer_demo_copies_its_mask_to_the_device_every_step(
+    tmp_path, caplog, accelerator
+):
+    detector, _, _ = fit(tmp_path, Transformer(), caplog=caplog, accelerator=accelerator)
     sites = {(s.op.split(" ")[0], s.code) for s in steady_sites(detector)}
     # Its forward builds the causal mask on the host and copies it over, blocking, and
     # nn.Transformer checks whether that mask is causal with bool(tensor).
@@ -143,10 +149,11 @@ class LSTM(LightningLSTM):
         return _tokens(1)
 
 
-def test_the_lstm_demo_reads_its_prog_bar_loss_every_step(tmp_path, caplog):
-    detector, _, _ = fit(tmp_path, LSTM(), caplog=caplog)
+def test_the_lstm_demo_reads_its_prog_bar_loss_every_step(tmp_path, caplog, accelerator):
+    detector, _, _ = fit(tmp_path, LSTM(), caplog=caplog, accelerator=accelerator)
     # self.log("train_loss", loss, prog_bar=True): Lightning converts it after every step.
-    (site,) = steady_sites(detector)
+    # (On a GPU machine cuDNN's LSTM also reads back once, at the first step: not steady.)
+    (site,) = [s for s in steady_sites(detector) if s.steady_count > 1]
     assert site.op == "Tensor.item()" and "LoggingStepProgressBar" in site.hint
     # Named at the demo's own self.log line, the read's Lightning line as "via".
     assert site.location.endswith("lightning/pytorch/demos/lstm.py:88"), site.location
@@ -172,8 +179,10 @@ class TemplateStyle(BlobClassifier):
         }
 
 
-def test_a_template_style_module_with_dict_batches_and_validation(tmp_path, caplog):
-    detector, prefetcher, run = fit(tmp_path, TemplateStyle(num_classes=5), BlobData(), caplog)
+def test_a_template_style_module_with_dict_batches_and_validation(tmp_path, caplog, accelerator):
+    detector, prefetcher, run = fit(
+        tmp_path, TemplateStyle(num_classes=5), BlobData(), caplog, accelerator=accelerator
+    )
     # Adam's step counter is host memory: no sync. What syncs every step is Lightning
     # converting the prog_bar metrics, and torchmetrics' bincount in its update.
     ops = {s.op for s in steady_sites(detector)}
@@ -227,11 +236,20 @@ class PairModule(BlobClassifier):
     val_dataloader = train_dataloader
 
 
-def test_a_custom_batch_class_with_gradient_accumulation(tmp_path, caplog):
+def test_a_custom_batch_class_with_gradient_accumulation(tmp_path, caplog, accelerator):
     detector, prefetcher, _ = fit(
-        tmp_path, PairModule(num_classes=5), caplog=caplog, accumulate_grad_batches=2
+        tmp_path,
+        PairModule(num_classes=5),
+        caplog=caplog,
+        accumulate_grad_batches=2,
+        accelerator=accelerator,
     )
-    assert steady_sites(detector) == []
+    if accelerator == "cpu":
+        assert steady_sites(detector) == []
+    else:  # Pair.to copies y without non_blocking: from pageable memory, a sync per batch.
+        # The CPU simulation cannot see it: there the batch is already where it goes.
+        (site,) = steady_sites(detector)
+        assert site.op.startswith("Tensor.to") and site.code.startswith("return Pair("), site
     # It moves itself: the prefetcher hands it to Lightning and says so, figures off.
     assert prefetcher.report["unmoved_batches"] == prefetcher.report["batches"] == 8
     assert prefetcher.report["copy_ms"] is None

@@ -43,8 +43,8 @@ def end_of_fit(
     headline = (
         f"sync points: {summary['watched_batches']} of {batches} training batches "
         f"watched{steps}; {figure(summary['syncs_per_batch'])} syncs/batch, "
-        f"{figure(summary['steady_syncs_per_batch'])} in steady state (not logging "
-        f"steps); {_overhead(summary)}"
+        f"{figure(summary['steady_syncs_per_batch'])} in steady state (not the first step, "
+        f"not logging steps); {_overhead(summary)}"
     )
     watched = totals.watched if table.costs else None
     sites = [

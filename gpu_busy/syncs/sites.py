@@ -49,7 +49,7 @@ class SyncSite:
     hint: str = ""
     allowed: str | None = None  # the reason given to allow_syncs, if one covered it
     count: int = 0  # all watched steps
-    steady_count: int = 0  # watched steps that were not logging steps
+    steady_count: int = 0  # watched steady steps (see WatchedSteps)
     steps: list[int] = field(default_factory=list)  # first few steps it was seen in
     # what it cost, summed over the events where it was measured (gpu_busy.syncs.costs)
     host_ms: float = 0.0

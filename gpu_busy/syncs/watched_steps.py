@@ -1,13 +1,14 @@
 """A training loop's steps as the sync detector watches them: the detector's one owner.
 
 Each step has a window from the end of the step before to the end of its own, so the
-work a loop does between steps (Lightning's logging, the next batch's fetch and transfer)
-counts with the step it serves. A ``WatchSchedule`` says which windows are watched. In a
-watched window ``strict`` applies to the step unless it is a logging step or right after
-one (those read metrics back by design), and to the loop's work after the step unless the
-step logged; never inside the callbacks' hooks (``hooks_begin``/``hooks_end``): a save
-every N steps is not a step's sync. The caller only says where the loop is; this class
-enters and leaves the detector, arms ``strict`` and times the windows for the schedule.
+work a loop does between steps (Lightning's logging, the next batch's fetch and
+transfer) counts with the step it serves. A ``WatchSchedule`` says which windows are
+watched. In a watched window ``strict`` applies to the step unless it is the fit's
+first, a logging step or right after one (those set up, or read metrics back by design),
+and to the loop's work after the step unless the step logged; never inside the
+callbacks' hooks (``hooks_begin``/``hooks_end``): a save every N steps is not a step's
+sync. The caller only says where the loop is; this class enters and leaves the detector,
+arms ``strict`` and times the windows for the schedule.
 
 Example::
 
@@ -140,7 +141,10 @@ class WatchedSteps:
         self._close_window()
 
     def _steady(self, logging: bool) -> bool:
-        return not (logging or self.after_logging)
+        # The fit's first step sets up: libraries initialise on their first call (cuDNN's
+        # LSTM reads back once, at its first forward, on a GPU machine) and Lightning reads
+        # its first metrics. A sync that stays is met again at the next step.
+        return self.steps > 0 and not (logging or self.after_logging)
 
     def _open_window(self) -> None:
         self._on_open()

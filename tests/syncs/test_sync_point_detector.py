@@ -59,8 +59,9 @@ def test_reports_the_users_line_with_a_fix_once(tmp_path, caplog):
     (site,) = user
     assert site.filename == __file__ and site.op == "Tensor.item()"
     assert site.count == 24  # every step of both epochs, once
-    # logging steps 4, 9, 14, 19 and the windows right after them (Lightning writes then)
-    assert site.steady_count == 24 - 8
+    # not steady: the fit's first step (set-up), logging steps 4, 9, 14, 19 and the windows
+    # right after them (Lightning writes then)
+    assert site.steady_count == 24 - 1 - 8
     assert "self.log" in site.hint
     assert not [s for s in detector.table.sites.values() if "batch[1]" in s.code]
     report = [r.getMessage() for r in caplog.records if "sync points:" in r.getMessage()]
@@ -245,6 +246,34 @@ def test_strict_fails_a_module_that_reads_a_value_every_step(tmp_path):
     )
     with pytest.raises(SyncError, match=r"self\.seen = loss\.item\(\)"):
         trainer.fit(LogsAndReads())
+
+
+class SetsUpOnItsFirstForward(LogsEveryStep):
+    """A layer that initialises on its first call and reads a value back then, once, as
+    cuDNN's LSTM does on a GPU machine (its first forward: one scalar read)."""
+
+    def training_step(self, batch, batch_idx):
+        if not hasattr(self, "scale"):
+            self.scale = float(batch[0].abs().max())  # once: the lazy set-up's read
+        return super().training_step(batch, batch_idx)
+
+
+def test_strict_passes_a_read_made_once_at_the_fits_first_step_and_reports_it(tmp_path):
+    detector = SyncPointDetector(strict=True, first_steps=100)
+    quiet_trainer(max_epochs=2, log_every_n_steps=5, callbacks=[detector]).fit(
+        SetsUpOnItsFirstForward()
+    )
+    (site,) = [s for s in detector.table.sites.values() if s.filename == __file__]
+    assert site.count == 1 and site.steps == [0] and site.steady_count == 0
+    assert detector.report["steady_syncs_per_batch"] == 0
+
+
+def test_strict_still_fails_a_read_every_step_at_the_second(tmp_path):
+    detector = SyncPointDetector(strict=True, first_steps=100)
+    trainer = quiet_trainer(max_epochs=1, log_every_n_steps=5, callbacks=[detector])
+    with pytest.raises(SyncError, match=r"self\.seen = loss\.item\(\)"):
+        trainer.fit(LogsAndReads())
+    assert trainer.global_step == 1  # step 0 set up; step 1 read again and stopped
 
 
 def test_lightnings_own_reads_are_named_at_lightnings_line_not_where_fit_was_called(tmp_path):

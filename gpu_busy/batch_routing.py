@@ -162,3 +162,20 @@ class OnReadError(Iterator):
         except Exception as error:
             self._handle(error)
             raise
+
+
+class EachItem(Iterator):
+    """A layer that passes items through and calls ``see(item)`` on each as it is read.
+
+    Example::
+
+        route_batches(loop, lambda items: EachItem(items, detector.batch_from_host))
+    """
+
+    def __init__(self, items: Iterator, see: Callable[[Any], None]) -> None:
+        self._items, self._see = items, see
+
+    def __next__(self) -> Any:
+        item = next(self._items)
+        self._see(item)
+        return item

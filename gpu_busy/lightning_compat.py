@@ -175,6 +175,23 @@ def around_callback_hooks(
     return undo
 
 
+def moves_to_the_cpu_as_to_cuda() -> Callable[[], None]:
+    """Until the returned undo is called, Lightning moves tensors to the CPU with the
+    ``non_blocking=True`` it passes to CUDA (its batches, the values it logs): the sync
+    detector's simulation of a GPU run. On the CPU the move is the same either way."""
+    from lightning.fabric.utilities import apply_func
+
+    # Private: lightning.fabric.utilities.apply_func._BLOCKING_DEVICE_TYPES (2.0 to 2.6):
+    # move_data_to_device passes non_blocking=True to a device type not in it.
+    blocking = apply_func._BLOCKING_DEVICE_TYPES
+    apply_func._BLOCKING_DEVICE_TYPES = tuple(t for t in blocking if t != "cpu")
+
+    def undo() -> None:
+        apply_func._BLOCKING_DEVICE_TYPES = blocking
+
+    return undo
+
+
 def keep_handlers_past_teardown(trainer: pl.Trainer, handlers: dict[int, Any]) -> dict[int, Any]:
     """Make Lightning put ``handlers`` back when it tears down, instead of the ones it found
     at the start of fit; returns those it found.

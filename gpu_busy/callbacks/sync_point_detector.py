@@ -27,6 +27,7 @@ import time
 
 import lightning.pytorch as pl
 
+from gpu_busy import batch_routing
 from gpu_busy import lightning_compat as compat
 from gpu_busy.callbacks.ranks import gather_objects, gather_rows, log_metrics, publish, run_dir
 from gpu_busy.log import get_logger
@@ -69,6 +70,8 @@ class SyncPointDetector(pl.Callback):
         self.log_stats = log_stats
         self.detector: SyncDetector | None = None
         self._unwrap: contextlib.ExitStack | None = None
+        # next to the DataLoader: what it hands over, before any other layer moves it
+        self._layer = batch_routing.Layer(f"syncs-{id(self):x}", position=-2)
         self.report: dict = {}
         self._fit_start = 0.0
         self._first_global_step = 0
@@ -110,12 +113,19 @@ class SyncPointDetector(pl.Callback):
         self._unwrap.callback(
             compat.around_callback_hooks(self.steps.hooks_begin, self.steps.hooks_end)
         )
+        if self.detector.simulating:  # Lightning moves to the device as it does to a GPU
+            self._unwrap.callback(compat.moves_to_the_cpu_as_to_cuda())
         self._fit_start = time.perf_counter()
         self._first_global_step = trainer.global_step
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:
         if self.steps is not None:
             self.steps.epoch_starts()
+        if self.detector is not None and self.detector.simulating:
+            # Each batch the DataLoader hands over is host memory, as on a GPU, until moved
+            # (a new loader each epoch with reload_dataloaders_every_n_epochs).
+            see = self.detector.batch_from_host
+            self._layer.route(trainer.fit_loop, lambda items: batch_routing.EachItem(items, see))
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         if self.steps is not None:
@@ -165,6 +175,7 @@ class SyncPointDetector(pl.Callback):
         self._close()
 
     def _close(self) -> None:
+        self._layer.remove()
         if self._unwrap is not None:
             self._unwrap.close()
         if self.steps is not None:

@@ -274,6 +274,14 @@ class SyncDetector:
         if self.simulating:
             self._put(list(tensors), on_host=True)
 
+    def batch_from_host(self, batch: Any) -> None:
+        """In the simulation, a batch the DataLoader handed over is host memory, as it is on
+        a GPU until something moves it: its tensors, in collections and in a batch object's
+        attributes, are marked host. A move to the device returns a device tensor
+        (``place``); a blocking one is a sync, as a batch class's ``.to`` is on a GPU."""
+        if self.simulating and self.active:
+            self.mark_host(*_held_tensors(batch))
+
     def copies_to_host(self, tensor: torch.Tensor, label: str, hint: str) -> None:
         """``tensor`` is device memory that a library copies into a host tensor of its own
         (``copy_`` in C++, then host reads of that copy): each such copy is one event,
@@ -562,6 +570,24 @@ def _tensors(args: tuple, kwargs: dict) -> list[torch.Tensor]:
     return out
 
 
+def _held_tensors(obj: Any, depth: int = 4, seen: set[int] | None = None) -> list[torch.Tensor]:
+    """The tensors ``obj`` holds: itself, or inside dicts, sequences and an object's
+    attributes (a batch class), ``depth`` levels down."""
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    seen = set() if seen is None else seen
+    if depth == 0 or id(obj) in seen or isinstance(obj, str | bytes | int | float | bool):
+        return []
+    seen.add(id(obj))
+    if isinstance(obj, dict):
+        items = list(obj.values())
+    elif isinstance(obj, list | tuple | set | frozenset):
+        items = list(obj)
+    else:
+        items = list(getattr(obj, "__dict__", {}).values())
+    return [t for item in items for t in _held_tensors(item, depth - 1, seen)]
+
+
 def _flat(out: Any) -> list[torch.Tensor]:
     if isinstance(out, torch.Tensor):
         return [out]
@@ -577,25 +603,20 @@ def describe(events: list[SyncEvent]) -> str:
 
 
 _DATA_DIR = os.path.join(_TORCH_DIR, "utils", "data", "")
-_LIGHTNING_TRANSFER = os.path.join("lightning", "fabric", "utilities", "apply_func.py")
 
 
 def _excused_in_simulation() -> bool:
     """What the CPU simulation sees that a GPU run does not do, decided in this one place:
-
-    - the DataLoader's own work (num_workers=0): it handles host tensors on any machine;
-    - Lightning's batch transfer (``move_data_to_device``): it copies with
-      ``non_blocking=True`` to a GPU, and blocking only when the target is the CPU.
+    the DataLoader's own work (num_workers=0), which handles host tensors on any machine.
 
     Reads of host tensors are not excused here: ``SyncDetector.on_device`` never calls
-    them device memory in the first place.
+    them device memory in the first place. Lightning's batch transfer is not excused
+    either: ``lightning_compat.around_batch_transfer`` makes it pass the ``non_blocking``
+    it passes on CUDA, and a batch class's own ``.to`` decides as it does on a GPU.
     """
     frame = sys._getframe(2)
     while frame is not None:
-        code = frame.f_code
-        if code.co_filename.startswith(_DATA_DIR) or (
-            code.co_name == "batch_to" and code.co_filename.endswith(_LIGHTNING_TRANSFER)
-        ):
+        if frame.f_code.co_filename.startswith(_DATA_DIR):
             return True
         frame = frame.f_back
     return False

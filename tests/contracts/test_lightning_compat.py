@@ -367,3 +367,34 @@ def test_prog_bar_conversions_are_found_at_the_line_that_logged_them(tmp_path):
     assert [e.op for e in found] == ["Tensor.item()"] * 2, found
     assert all(e.filename == __file__ and "log_dict" in e.code for e in found)
     assert all(e.function == "training_step" for e in found)
+
+
+def test_lightning_moves_to_the_cpu_as_to_cuda_until_undone():
+    """Pins apply_func._BLOCKING_DEVICE_TYPES: move_data_to_device passes non_blocking=True
+    to a device type not in it (CUDA), and blocking to the CPU."""
+    import torch
+    from lightning.fabric.utilities.apply_func import move_data_to_device
+    from torch.overrides import TorchFunctionMode
+
+    class Moves(TorchFunctionMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.non_blocking: list[bool] = []
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            if func is torch.Tensor.to:
+                self.non_blocking.append(bool((kwargs or {}).get("non_blocking")))
+            return func(*args, **(kwargs or {}))
+
+    def moved() -> list[bool]:
+        with Moves() as spy:
+            move_data_to_device({"x": torch.ones(2)}, torch.device("cpu"))
+        return spy.non_blocking
+
+    assert moved() == [False]
+    undo = compat.moves_to_the_cpu_as_to_cuda()
+    try:
+        assert moved() == [True]
+    finally:
+        undo()
+    assert moved() == [False]

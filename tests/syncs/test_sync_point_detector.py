@@ -276,6 +276,31 @@ def test_strict_still_fails_a_read_every_step_at_the_second(tmp_path):
     assert trainer.global_step == 1  # step 0 set up; step 1 read again and stopped
 
 
+class ReadsAroundTheTransfer(LogsEveryStep):
+    """Reads the batch before its transfer (host memory on a GPU: no sync) and after it
+    (device memory: a sync), as a GPU run has it."""
+
+    def on_before_batch_transfer(self, batch, dataloader_idx):
+        self.largest = float(batch[0].abs().max())  # on the host: free
+        return batch
+
+    def on_after_batch_transfer(self, batch, dataloader_idx):
+        self.smallest = float(batch[0].abs().min())  # on the device: a sync
+        return batch
+
+
+def test_a_batch_is_host_memory_until_lightning_moves_it(tmp_path):
+    detector = SyncPointDetector(first_steps=100)
+    quiet_trainer(max_epochs=1, log_every_n_steps=5, callbacks=[detector]).fit(
+        ReadsAroundTheTransfer()
+    )
+    sites = [s for s in detector.table.sites.values() if s.filename == __file__]
+    assert [s.code for s in sites] == [
+        "self.smallest = float(batch[0].abs().min())  # on the device: a sync"
+    ], sites
+    assert sites[0].steady_count > 0
+
+
 def test_lightnings_own_reads_are_named_at_lightnings_line_not_where_fit_was_called(tmp_path):
     detector = SyncPointDetector(first_steps=100)
     _fit(tmp_path, ImageClassifier(width=4), [detector])

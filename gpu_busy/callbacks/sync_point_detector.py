@@ -113,7 +113,9 @@ class SyncPointDetector(pl.Callback):
         self._unwrap.callback(
             compat.around_callback_hooks(self.steps.hooks_begin, self.steps.hooks_end)
         )
-        if self.detector.simulating:  # Lightning moves to the device as it does to a GPU
+        if self.detector.simulating and trainer.strategy.root_device.type == "cpu":
+            # Lightning moves to the device as it does to a GPU (on a GPU run told to
+            # simulate, its copies to the host must stay blocking)
             self._unwrap.callback(compat.moves_to_the_cpu_as_to_cuda())
         self._fit_start = time.perf_counter()
         self._first_global_step = trainer.global_step

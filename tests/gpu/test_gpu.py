@@ -588,3 +588,22 @@ def test_a_nccl_barrier_prints_no_sync_warning_while_a_listener_holds_warn(capfd
         assert heard == [] and torch.cuda.get_sync_debug_mode() == 0
     finally:
         dist.destroy_process_group()
+
+
+def test_a_gpu_run_told_to_simulate_keeps_lightnings_copies_to_the_host_blocking(tmp_path):
+    from lightning.fabric.utilities import apply_func
+    from lightning.pytorch.demos.boring_classes import BoringModel
+
+    from gpu_busy.callbacks import SyncPointDetector
+
+    seen = []
+
+    class Spy(pl.Callback):
+        def on_train_batch_start(self, *args) -> None:
+            seen.append(apply_func._BLOCKING_DEVICE_TYPES)
+
+    detector = SyncPointDetector(device_type="cpu")
+    trainer = quiet_trainer(accelerator="gpu", max_steps=3, default_root_dir=tmp_path,
+                            limit_val_batches=0, callbacks=[detector, Spy()])  # fmt: skip
+    trainer.fit(BoringModel())
+    assert seen and all("cpu" in blocking for blocking in seen), seen

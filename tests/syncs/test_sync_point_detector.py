@@ -399,3 +399,19 @@ def test_strict_never_fails_a_callbacks_hooks_wherever_it_sits_in_the_list(tmp_p
     assert detector.report["watched_batches"] == 12
     assert any("ReadsParameters" in (s.code or "") or "float(" in (s.code or "")
                for s in detector.table.sites.values())  # fmt: skip
+
+
+def test_a_cpu_fit_moves_as_to_cuda_only_while_it_runs(tmp_path):
+    from lightning.fabric.utilities import apply_func
+
+    seen = []
+
+    class Spy(pl.Callback):
+        def on_train_batch_start(self, *args) -> None:
+            seen.append(apply_func._BLOCKING_DEVICE_TYPES)
+
+    before = apply_func._BLOCKING_DEVICE_TYPES
+    trainer = quiet_trainer(max_steps=3, callbacks=[SyncPointDetector(), Spy()])
+    trainer.fit(LogsEveryStep())
+    assert seen and all("cpu" not in blocking for blocking in seen), seen
+    assert apply_func._BLOCKING_DEVICE_TYPES == before == ("cpu", "mps")

@@ -572,7 +572,8 @@ def _tensors(args: tuple, kwargs: dict) -> list[torch.Tensor]:
 
 def _held_tensors(obj: Any, depth: int = 4, seen: set[int] | None = None) -> list[torch.Tensor]:
     """The tensors ``obj`` holds: itself, or inside dicts, sequences and an object's
-    attributes (a batch class), ``depth`` levels down."""
+    attributes (a batch class), ``depth`` levels down. (``apply_to_collection`` stops at
+    a batch class, whose tensors are what its own ``.to`` copies.)"""
     if isinstance(obj, torch.Tensor):
         return [obj]
     seen = set() if seen is None else seen
@@ -611,8 +612,9 @@ def _excused_in_simulation() -> bool:
 
     Reads of host tensors are not excused here: ``SyncDetector.on_device`` never calls
     them device memory in the first place. Lightning's batch transfer is not excused
-    either: ``lightning_compat.around_batch_transfer`` makes it pass the ``non_blocking``
-    it passes on CUDA, and a batch class's own ``.to`` decides as it does on a GPU.
+    either: ``lightning_compat.moves_to_the_cpu_as_to_cuda`` makes it pass the
+    ``non_blocking`` it passes on CUDA, and a batch class's own ``.to`` decides as it does
+    on a GPU.
     """
     frame = sys._getframe(2)
     while frame is not None:

@@ -20,6 +20,8 @@ from __future__ import annotations
 import gc
 import os
 import threading
+import time
+from typing import Any
 
 import torch
 
@@ -73,3 +75,34 @@ class EventPool:
     def release(self, *events: torch.cuda.Event | None) -> None:
         with self._lock:
             self._free.extend(e for e in events if e is not None)
+
+
+class HostEvent:
+    """A host-clock stand-in for ``torch.cuda.Event``: complete as soon as recorded."""
+
+    __slots__ = ("t",)
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def record(self, stream: Any = None) -> None:
+        self.t = time.perf_counter()
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        pass
+
+    def elapsed_time(self, end: HostEvent) -> float:
+        return 1e3 * (end.t - self.t)
+
+
+class HostEventPool:
+    """Host-clock events for a device without a queue of its own (the CPU)."""
+
+    def acquire(self) -> HostEvent:
+        return HostEvent()
+
+    def release(self, *events: Any) -> None:
+        pass

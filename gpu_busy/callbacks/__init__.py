@@ -1,5 +1,5 @@
 """Lightning callbacks, one per file: thin adapters over the mechanisms in ``gpu_busy``
-(``prefetch``, ``syncs``, ``idle``, ``faults``, ``resume``); ``ranks`` gathers their
+(``prefetch``, ``syncs``, ``idle``, ``throughput``, ``faults``, ``resume``); ``ranks`` gathers their
 figures over ranks and writes them once."""
 
 from gpu_busy.callbacks.best_checkpoint import BestCheckpoint
@@ -12,6 +12,7 @@ from gpu_busy.callbacks.run_summary import RunSummary
 from gpu_busy.callbacks.stop_on_signal import StopOnSignal
 from gpu_busy.callbacks.stream_prefetcher import StreamPrefetcher
 from gpu_busy.callbacks.sync_point_detector import SyncPointDetector
+from gpu_busy.callbacks.throughput_monitor import ThroughputMonitor
 
 __all__ = [
     "BestCheckpoint",
@@ -24,4 +25,5 @@ __all__ = [
     "StopOnSignal",
     "StreamPrefetcher",
     "SyncPointDetector",
+    "ThroughputMonitor",
 ]

@@ -41,7 +41,7 @@ from typing import Any
 
 import torch
 
-from gpu_busy.event_pool import EventPool
+from gpu_busy.event_pool import EventPool, HostEventPool
 from gpu_busy.idle.causes import names, split_gap
 from gpu_busy.idle.intervals import Interval, overlap_length
 from gpu_busy.idle.sync_marks import SyncMarks
@@ -64,35 +64,6 @@ class StepTiming:
     # the part of transfer_ms that the host's own time between ready and start does not
     # explain: the batch's copy (or the wait for a side-stream copy) holding the step back
     copy_ms: float | None = None
-
-
-class _HostEvent:
-    """A host-clock stand-in for ``torch.cuda.Event``: complete as soon as recorded."""
-
-    __slots__ = ("t",)
-
-    def __init__(self) -> None:
-        self.t = 0.0
-
-    def record(self, stream: Any = None) -> None:
-        self.t = time.perf_counter()
-
-    def query(self) -> bool:
-        return True
-
-    def synchronize(self) -> None:
-        pass
-
-    def elapsed_time(self, end: _HostEvent) -> float:
-        return 1e3 * (end.t - self.t)
-
-
-class _HostEventPool:
-    def acquire(self) -> _HostEvent:
-        return _HostEvent()
-
-    def release(self, *events: Any) -> None:
-        pass
 
 
 @dataclass
@@ -141,7 +112,7 @@ class StepTimer:
         self.device = device
         self.clock = "cuda events" if self.is_cuda else "host clock"
         if pool is None:
-            pool = EventPool(capacity) if self.is_cuda else _HostEventPool()
+            pool = EventPool(capacity) if self.is_cuda else HostEventPool()
         self._pool = pool
         self.sync_marks = sync_marks if self.is_cuda else None
         self._tolerance_s = tolerance_ms / 1e3

@@ -1,11 +1,13 @@
-"""Two runs side by side: throughput, idle by cause, syncs and top sites, with the change.
+"""Two runs side by side: throughput, MFU, memory, idle by cause, syncs and top sites.
 
-Reads the files the callbacks write in each run directory (``run.json``, ``idle.json``,
-``syncs.json``; any may be missing: its rows read n/a), prints one table and both verdicts,
-draws ``compare.png`` and exits 1 when B fails a gate, so that CI can gate on it. Two gates,
-each named in the output: throughput (on; B's samples/s below A's by more than
-``--threshold``, a fraction) and syncs (off unless ``--sync-threshold`` is given; B's syncs
-per steady batch above A's by more than that).
+Reads the files the callbacks write in each run directory (``run.json``, ``throughput.json``,
+``idle.json``, ``syncs.json``; any may be missing: its rows read n/a), prints one table and
+both verdicts, draws ``compare.png`` and exits 1 when B fails a gate, so that CI can gate on
+it. Three gates, each named in the output: throughput (on; B's samples/s below A's by more
+than ``--threshold``, a fraction; the steady device-clock figure where both runs have it),
+MFU (on where both runs have it; B's below A's by more than ``--threshold`` of A's) and syncs
+(off unless ``--sync-threshold`` is given; B's syncs per steady batch above A's by more than
+that).
 
 Example::
 
@@ -30,8 +32,13 @@ from gpu_busy.report.verdict import decide
 def rows() -> list[tuple[str, str, tuple[str, ...], str]]:
     """(label, file, path to the figure, unit) of each row of the table."""
     return [
-        ("samples/s", "run", ("samples_per_s",), ""),
-        ("steps/s", "run", ("steps_per_s",), ""),
+        ("samples/s, steady (device clock)", "throughput", ("samples_per_s",), ""),
+        ("tokens/s, steady", "throughput", ("tokens_per_s",), ""),
+        ("MFU (a fraction of the peak)", "throughput", ("mfu",), ""),
+        ("peak memory allocated", "throughput", ("peak_allocated_gib",), " GiB"),
+        ("peak memory reserved", "throughput", ("peak_reserved_gib",), " GiB"),
+        ("samples/s over the fit", "run", ("samples_per_s",), ""),
+        ("steps/s over the fit", "run", ("steps_per_s",), ""),
         ("step on the device, all told", "idle", ("mean", "step_ms"), " ms"),
         ("idle share", "idle", ("mean", "idle_pct"), "%"),
         *((f"  idle: {c.label}", "idle", ("mean", f"idle_{c.name}_ms"), " ms")
@@ -63,7 +70,7 @@ def compare(
     lines = [f"A: {a.folder}", f"B: {b.folder}", f"{'':<38}{'A':>12}{'B':>12}{'change':>12}"]
     for label, name, path, unit in rows():
         va, vb = a.figure(name, path), b.figure(name, path)
-        if va is None and vb is None and name == "run":
+        if va is None and vb is None and name in ("run", "throughput"):
             continue
         cells = (rounded(va, unit), rounded(vb, unit), _change(va, vb, unit))
         lines.append(f"{label:<38}" + "".join(f"{c:>12}" for c in cells))
@@ -81,8 +88,8 @@ def gates(a: RunFiles, b: RunFiles, threshold: float, sync_threshold: float | No
     Throughput is the gate: the figure a change is for. Syncs per steady batch is a gate of
     its own, on only with ``sync_threshold``: a faster B with more syncs is not worse, but
     it is said."""
-    label, ta = a.throughput()
-    _, tb = b.throughput()
+    label, ta = a.rate(like=b)
+    _, tb = b.rate(like=a)
     sa = a.figure("syncs", ("summary", "steady_syncs_per_batch"))
     sb = b.figure("syncs", ("summary", "steady_syncs_per_batch"))
     failed, lines = [], []
@@ -95,7 +102,16 @@ def gates(a: RunFiles, b: RunFiles, threshold: float, sync_threshold: float | No
         if fails:
             failed.append("throughput")
     else:
-        lines.append(f"throughput gate n/a: {label} not in both runs' run.json")
+        lines.append(f"throughput gate n/a: {label} not in both runs' files")
+    ma, mb = a.figure("throughput", ("mfu",)), b.figure("throughput", ("mfu",))
+    if ma and mb is not None:
+        fails = (ma - mb) / ma > threshold
+        lines.append(f"MFU gate {'FAILED' if fails else 'passed'}: {100 * ma:.1f}% -> "
+                     f"{100 * mb:.1f}% (allowed -{100 * threshold:g}% of A's)")  # fmt: skip
+        if fails:
+            failed.append("MFU")
+    else:
+        lines.append("MFU gate n/a: MFU not in both runs' throughput.json")
     if sa is None or sb is None:
         syncs = "syncs per steady batch n/a (a syncs.json is missing)"
     else:

@@ -1,6 +1,7 @@
 """The run files: what each report holds, writing one, reading a run directory's back.
 
-A fit writes ``run.json``, ``idle.json``, ``syncs.json`` and ``prefetch.json`` into its run
+A fit writes ``run.json``, ``idle.json``, ``syncs.json``, ``prefetch.json`` and
+``throughput.json`` into its run
 directory, each with one ``schema_version`` (raised when a key changes meaning or goes).
 The ``TypedDict`` classes below are their layout; ``RunFiles`` reads a directory's files
 for the verdict, ``compare`` and scripts, and refuses a layout newer than it knows.
@@ -8,7 +9,7 @@ for the verdict, ``compare`` and scripts, and refuses a layout newer than it kno
 Example::
 
     files = RunFiles("runs/default/version_3")
-    print(files.figure("idle", ("mean", "idle_ms")), files.throughput())
+    print(files.figure("idle", ("mean", "idle_ms")), files.rate())
     write_report(Path("runs/default/version_3"), "run", {"samples_per_s": 2410.0})
 """
 
@@ -20,7 +21,15 @@ from typing import Any, TypedDict
 
 SCHEMA_VERSION = 3
 
-NAMES = ("run", "idle", "syncs", "prefetch")
+NAMES = ("run", "idle", "syncs", "prefetch", "throughput")
+
+
+# (label, file, keys) of a run's throughput, best first
+RATES = (
+    ("samples/s, steady", "throughput", ("samples_per_s",)),
+    ("samples/s", "run", ("samples_per_s",)),
+    ("steps/s", "run", ("steps_per_s",)),
+)
 
 
 class RunReport(TypedDict, total=False):
@@ -62,6 +71,29 @@ class PrefetchReport(TypedDict, total=False):
     unmoved_batches: int
 
 
+class ThroughputReport(TypedDict, total=False):
+    clock: str  # "cuda events" or "host clock"
+    world_size: int
+    warmup_steps: int
+    timed_steps: int  # the fewest of any rank
+    untimed_steps: int  # lost because the event pool ran dry
+    device: str
+    precision: str | None  # "fp32", "tf32", "bf16", "fp16"; None: none the table knows
+    samples_per_s: float | None  # summed over ranks; None: a batch had no size
+    tokens_per_s: float | None  # summed over ranks; None: a batch did not say
+    steps_per_s: float | None  # per rank, the mean
+    flops_per_batch: float | None  # forward + backward
+    flops_counted: str  # how, or why not
+    peak_tflops: float | None
+    peak_source: str  # the datasheet, or why there is no peak
+    achieved_tflops: float | None  # per device, the mean over ranks
+    mfu: float | None  # a fraction, the mean over ranks
+    peak_allocated_gib: float | None  # the largest rank's
+    peak_reserved_gib: float | None
+    step_peak_allocated_gib: float | None  # a step's peak, the mean over steps and ranks
+    ranks: list[dict[str, Any]]  # every rank's own, with "rank"
+
+
 def write_report(folder: Path, name: str, report: dict) -> Path:
     """``<folder>/<name>.json`` with the schema version; returns its path."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -77,6 +109,7 @@ class RunFiles:
     idle: IdleReport | None
     syncs: SyncsReport | None
     prefetch: PrefetchReport | None
+    throughput: ThroughputReport | None
 
     def __init__(self, folder: str | Path) -> None:
         self.folder = Path(folder)
@@ -101,12 +134,13 @@ class RunFiles:
             value = value.get(key) if isinstance(value, dict) else None
         return value if isinstance(value, int | float) else None
 
-    def throughput(self) -> tuple[str, float | None]:
-        """("samples/s", value), or steps/s where batches had no size."""
-        for key in ("samples_per_s", "steps_per_s"):
-            value = self.figure("run", (key,))
-            if value is not None:
-                return key.replace("_per_s", "/s"), value
+    def rate(self, like: RunFiles | None = None) -> tuple[str, float | None]:
+        """The first of ``RATES`` this run has (and ``like`` too): steady samples/s on the
+        device clock, the fit's samples/s, or steps/s where batches had no size."""
+        for label, name, path in RATES:
+            value = self.figure(name, path)
+            if value is not None and (like is None or like.figure(name, path) is not None):
+                return label, value
         return "throughput", None
 
 

@@ -104,7 +104,7 @@ def side_by_side(a: RunFiles, b: RunFiles, path: str | Path) -> Path | None:
             width = run.figure("idle", ("mean", key)) or 0.0
             whole.barh(y, width, left=left, color=colour, label=label if y else None)
             left += width
-        name, value = run.throughput()
+        name, value = run.rate(like=a if run is b else b)
         whole.text(left, y, f" {rounded(value)} {name}", va="center", fontsize=8)
         longest = max(longest, left)
     whole.set_xlim(0, longest * 1.3 or 1)

@@ -1,10 +1,10 @@
-"""The end-of-fit output: ``run.json``, the summary paragraph, and the verdict above the
-held reports.
+"""The end-of-fit output: ``run.json``, the summary paragraph, and throughput, MFU and the
+verdict above the held reports.
 
 Example::
 
     run, paragraph = summary([[samples, seconds], ...], elapsed=95.2, steps=234, epochs=3)
-    lines = under_verdict(held.take(), run)   # the verdict line first, then every report
+    lines = under_verdict(held.take(), run)   # throughput and MFU, the verdict, every report
 """
 
 from __future__ import annotations
@@ -60,12 +60,12 @@ def summary(
 
 
 def under_verdict(held: list[tuple[str, dict, list[str]]], run: RunReport | None) -> list[str]:
-    """The verdict line (with an idle report; recorded in ``run``), then each held report's
-    lines in the order they came."""
+    """The throughput report (its first line: throughput and MFU), the verdict line (with an
+    idle report; recorded in ``run``), then the other held reports in the order they came."""
     reports = {name: report for name, report, _ in held}
-    lines = []
+    lines = [line for name, _, text in held if name == "throughput" for line in text]
     if run is not None and "idle" in reports:
         verdict = decide(reports["idle"], reports.get("syncs"))
         lines.append(verdict.line)
         run["verdict"] = {"cause": verdict.cause, "share": verdict.share}
-    return lines + [line for _, _, report_lines in held for line in report_lines]
+    return lines + [line for name, _, text in held if name != "throughput" for line in text]

@@ -25,6 +25,7 @@ from gpu_busy.idle.intervals import gaps, merge, overlap_length, union_length
 from gpu_busy.report.idle import build_report, render_table
 from gpu_busy.report.picture import batch_breakdown
 from tests.conftest import DEBUG, DEFAULT, cli_main
+from tests.helpers.scripted_gpu import ScriptedGPU
 from tests.helpers.trainers import quiet_trainer
 
 # -- intervals -----------------------------------------------------------------------
@@ -209,10 +210,12 @@ class HostClock:
 
 @pytest.fixture
 def host_clock(monkeypatch) -> HostClock:
+    import gpu_busy.event_pool as event_pool
     import gpu_busy.idle.step_timer as step_timer
 
     clock = HostClock()
     monkeypatch.setattr(step_timer, "time", clock)
+    monkeypatch.setattr(event_pool, "time", clock)  # the host-clock stand-ins for events
     return clock
 
 
@@ -284,54 +287,6 @@ def test_a_broken_gap_gives_no_idle_figure():
 
 
 # -- StepTimer's CUDA logic, with scripted events -----------------------------------------
-
-
-class ScriptedEvent:
-    """A CUDA event whose device time is set by the test; complete once the clock passes it."""
-
-    def __init__(self, gpu) -> None:
-        self.gpu = gpu
-        self.t = None
-
-    def record(self, stream=None):
-        self.t = self.gpu.next_time()
-
-    def query(self):
-        return self.t is not None and self.t <= self.gpu.now
-
-    def synchronize(self):
-        self.gpu.now = max(self.gpu.now, self.t)
-
-    def elapsed_time(self, end):
-        assert self.query() and end.query(), "elapsed_time on an unfinished event"
-        return end.t - self.t
-
-
-class ScriptedGPU:
-    """Hands out events (a bounded pool) and the device times the next records get."""
-
-    def __init__(self, capacity=16) -> None:
-        self.capacity, self.free, self.made = capacity, [], 0
-        self.times: list[float] = []
-        self.now = 0.0
-
-    def next_time(self):
-        return self.times.pop(0)
-
-    def acquire(self):
-        if self.free:
-            return self.free.pop()
-        if self.made >= self.capacity:
-            return None
-        self.made += 1
-        return ScriptedEvent(self)
-
-    def release(self, *events):
-        self.free.extend(e for e in events if e is not None)
-
-    @property
-    def in_use(self):
-        return self.made - len(self.free)
 
 
 @pytest.fixture

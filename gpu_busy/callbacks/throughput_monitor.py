@@ -1,0 +1,238 @@
+"""ThroughputMonitor: samples/s, FLOPs per batch, MFU and peak memory, without a sync.
+
+Unlike Lightning's ``ThroughputMonitor``, which synchronises at every batch to read the
+host's clock, the time comes from the device's (``gpu_busy.throughput.StepSpans``), the
+FLOPs from PyTorch's counter around the fit's first training step and its backward
+(``FlopCount``; or ``flops_per_batch=``), the peak from a table of datasheets
+(``peak_flops``; or ``peak_tflops=``), and memory from the caching allocator's counters
+(``MemoryPeaks``). Figures: ``throughput/*`` at logging steps; at the end of fit one line
+that leads the run summary, and ``throughput.json``. Details: docs/GUIDE.md, "Throughput".
+
+Example::
+
+    trainer = Trainer(callbacks=[ThroughputMonitor()])
+    trainer = Trainer(callbacks=[ThroughputMonitor(flops_per_batch=6 * n_params * tokens,
+                                                   peak_tflops=312)])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.fabric.utilities.exceptions import MisconfigurationException
+from lightning.pytorch.utilities.data import extract_batch_size
+
+from gpu_busy import lightning_compat as compat
+from gpu_busy.callbacks.ranks import gather_rows, log_metrics, over_ranks, publish, run_dir
+from gpu_busy.report import throughput as throughput_report
+from gpu_busy.report.throughput import Flops
+from gpu_busy.throughput import (
+    FlopCount,
+    MemoryPeaks,
+    MemoryStats,
+    StepSpans,
+    ThroughputStats,
+    peak_flops,
+)
+
+# What a LightningModule runs for one batch; the wrappers count what runs inside them.
+_COUNTED_HOOKS = ("training_step", "backward")
+
+
+class ThroughputMonitor(pl.Callback):
+    """Throughput per rank and in total, MFU and peak memory, measured without a sync.
+
+    Args:
+        warmup_steps: first steps of the fit left out of the throughput (start-up).
+        flops_per_batch: forward + backward FLOPs of one batch, if you know them; None
+            counts them on the fit's first batch.
+        peak_tflops: the device's peak TFLOP/s for the run's precision, for a device the
+            table lacks (or to override it).
+        tokens: how many tokens a batch holds, as a Python int (a device tensor would have
+            to be read back); by default a batch's ``num_tokens`` key or attribute.
+    """
+
+    def __init__(
+        self,
+        warmup_steps: int = 5,
+        flops_per_batch: float | None = None,
+        peak_tflops: float | None = None,
+        tokens: Callable[[Any], int | None] | None = None,
+    ) -> None:
+        if warmup_steps < 0 or any(
+            v is not None and v <= 0 for v in (flops_per_batch, peak_tflops)
+        ):
+            raise ValueError(
+                "ThroughputMonitor: warmup_steps must be >= 0, flops_per_batch and peak_tflops "
+                "above 0"
+            )
+        self.warmup_steps = warmup_steps
+        self.flops_per_batch = flops_per_batch
+        self.peak_tflops = peak_tflops
+        self.tokens = tokens or _num_tokens
+        self.report: dict = {}
+        self._spans: StepSpans | None = None
+        self._memory: MemoryPeaks | None = None
+        self._count: FlopCount | None = None
+        self._counted_samples: int | None = None
+        self._wrapped: pl.LightningModule | None = None
+        self._batches = 0
+        self._stats = ThroughputStats()  # read back since the last logging step
+        self._total = ThroughputStats()
+        self._run_dir = None
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        device = trainer.strategy.root_device
+        self._spans, self._memory = StepSpans(device), MemoryPeaks(device)
+        self._stats, self._total, self._batches = ThroughputStats(), ThroughputStats(), 0
+        self._count = FlopCount() if self.flops_per_batch is None else None
+        self._counted_samples = None
+        self._run_dir = run_dir(trainer)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if self._memory is None:
+            return
+        self._memory.step_started()
+        if self._count is not None and self._batches == 0:
+            self._wrap(pl_module)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if self._spans is None or self._memory is None:
+            return
+        self._memory.step_ended()
+        if self._batches == 0 and self._count is not None:
+            self._unwrap()
+            self._counted_samples = _batch_size(batch)
+        if self._batches < self.warmup_steps or self._batches == 0:
+            self._spans.break_span()  # start-up, or the counted step: not in the figures
+        self._spans.step_ended(_batch_size(batch), self.tokens(batch))
+        self._batches += 1
+        if compat.is_logging_step(trainer):
+            self._spans.cut()
+            self._spans.poll()
+            self._log_window(trainer)
+
+    def on_validation_start(self, trainer, pl_module) -> None:
+        if trainer.state.fn == "fit" and self._spans is not None:
+            self._spans.break_span()
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        if self._spans is not None:
+            self._spans.break_span()
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        if self._spans is not None:
+            self._spans.close()  # training is over: waiting costs nothing now
+
+    def _log_window(self, trainer: pl.Trainer) -> None:
+        window = self._spans.done.take()
+        self._total.add(window)
+        memory = self._memory.take_window()
+        rows = gather_rows(trainer, window.as_list() + memory.as_list())
+        n = len(window.as_list())
+        per_rank = [
+            {**ThroughputStats.from_list(r[:n]).rates(), **_memory_from(r[n:]).gib()} for r in rows
+        ]
+        log_metrics(trainer, over_ranks(per_rank, prefix="throughput/"))
+
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._spans is None or self._memory is None:
+            return
+        self._total.add(self._spans.done.take())
+        self._memory.take_window()
+        rows = gather_rows(trainer, self._total.as_list() + self._memory.total.as_list())
+        untimed = gather_rows(trainer, [float(self._spans.untimed_steps)])
+        if not trainer.is_global_zero:
+            return
+        n = len(self._total.as_list())
+        device = trainer.strategy.root_device
+        name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+        precision = _compute_precision(trainer) if device.type == "cuda" else None
+        self.report, lines = throughput_report.end_of_fit(
+            [ThroughputStats.from_list(r[:n]) for r in rows],
+            [_memory_from(r[n:]) for r in rows],
+            flops=self._flops(),
+            peak=peak_flops(name, precision, self.peak_tflops),
+            device=name,
+            precision=precision,
+            clock=self._spans.clock,
+            warmup_steps=self.warmup_steps,
+            untimed_steps=int(sum(r[0] for r in untimed)),
+        )
+        publish(trainer, "throughput", self.report, lines, self._run_dir)
+
+    def _flops(self) -> Flops:
+        if self.flops_per_batch is not None:
+            return Flops(self.flops_per_batch, None, "given (flops_per_batch=)")
+        if self._count is None or self._count.calls == 0:
+            return Flops(None, None, "no training step ran")
+        if self._count.flops is None:
+            return Flops(
+                None,
+                None,
+                "FlopCounterMode saw no matmul or convolution in the first step (a compiled "
+                "model runs below it); give flops_per_batch=",
+            )
+        size = self._counted_samples
+        of = f"a batch of {size}" if size else "a batch"
+        return Flops(
+            self._count.flops, size, f"FlopCounterMode, forward and backward of {of} at step 0"
+        )
+
+    # -- counting the first step ----------------------------------------------------------
+
+    def _wrap(self, pl_module: pl.LightningModule) -> None:
+        """The module's own step and backward run inside the counter (an instance attribute
+        over the method, removed after the step)."""
+        for hook in _COUNTED_HOOKS:
+            setattr(pl_module, hook, self._count.around(getattr(pl_module, hook)))
+        self._wrapped = pl_module
+
+    def _unwrap(self) -> None:
+        if self._wrapped is not None:
+            for hook in _COUNTED_HOOKS:
+                self._wrapped.__dict__.pop(hook, None)
+        self._wrapped = None
+
+    def on_exception(self, trainer, pl_module, exception) -> None:
+        self._unwrap()
+
+    def teardown(self, trainer, pl_module, stage) -> None:
+        self._unwrap()
+
+
+def _batch_size(batch: Any) -> int | None:
+    try:
+        return extract_batch_size(batch)  # reads a shape: no device access
+    except MisconfigurationException:
+        return None
+
+
+def _num_tokens(batch: Any) -> int | None:
+    """A batch's ``num_tokens`` (a key or an attribute), where it is a Python int."""
+    value = batch.get("num_tokens") if isinstance(batch, dict) else None
+    value = getattr(batch, "num_tokens", value)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _memory_from(row: list[float]) -> MemoryStats:
+    steps, allocated_max, reserved_max, allocated_sum = row
+    return MemoryStats(round(steps), allocated_max, reserved_max, allocated_sum)
+
+
+def _compute_precision(trainer: pl.Trainer) -> str | None:
+    """The peak table's column for Lightning's precision setting. At 32 bits TF32 is
+    counted when matmuls or cuDNN may use it (cuDNN's convolutions do by default): the
+    lower MFU of the two, never above what the device did."""
+    precision = str(trainer.precision)
+    if precision.startswith("bf16"):
+        return "bf16"
+    if precision.startswith("16"):
+        return "fp16"
+    if precision.startswith("32"):
+        tf32 = torch.get_float32_matmul_precision() != "highest" or torch.backends.cudnn.allow_tf32
+        return "tf32" if tf32 else "fp32"
+    return None

@@ -1,0 +1,474 @@
+"""Throughput, FLOPs, MFU and memory: the peak table, the counter against hand counts, the
+device-clock spans on a scripted GPU, the allocator's peaks on a scripted allocator, and
+the callback in real fits (beside Lightning's ThroughputMonitor, and under strict)."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from lightning.pytorch.callbacks import ThroughputMonitor as LightningThroughputMonitor
+from lightning.pytorch.demos import LightningTransformer
+from lightning.pytorch.demos.boring_classes import BoringModel
+from lightning.pytorch.loggers import CSVLogger
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from gpu_busy.callbacks import RunSummary, SyncPointDetector, ThroughputMonitor
+from gpu_busy.report.compare import gates
+from gpu_busy.report.files import RunFiles, write_report
+from gpu_busy.report.throughput import Flops, end_of_fit
+from gpu_busy.throughput import (
+    TABLE,
+    FlopCount,
+    MemoryPeaks,
+    MemoryStats,
+    StepSpans,
+    ThroughputStats,
+    peak_flops,
+)
+from template.models.resnet import cifar_resnet
+from tests.helpers.scripted_gpu import ScriptedGPU
+from tests.helpers.trainers import quiet_trainer
+
+# -- the peak table ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "precision", "tflops"),
+    [
+        ("NVIDIA H100 80GB HBM3", "bf16", 989.5),  # the SXM5 board, as torch names it
+        ("NVIDIA H100 PCIe", "bf16", 756.5),
+        ("NVIDIA H100 NVL", "tf32", 417.5),
+        ("NVIDIA H200", "bf16", 989.5),
+        ("NVIDIA H200 NVL", "fp16", 835.5),
+        ("NVIDIA A100-SXM4-80GB", "tf32", 156),
+        ("NVIDIA A100 80GB PCIe", "bf16", 312),
+        ("NVIDIA L4", "bf16", 121),
+        ("NVIDIA L40S", "bf16", 362.05),
+        ("NVIDIA GeForce RTX 4090", "fp32", 82.6),
+    ],
+)
+def test_a_known_device_reads_its_dense_datasheet_peak(name, precision, tflops):
+    peak = peak_flops(name, precision)
+    assert peak.flops == pytest.approx(tflops * 1e12)
+    assert "datasheet" in peak.source or "whitepaper" in peak.source
+
+
+@pytest.mark.parametrize(
+    ("name", "precision", "why"),
+    [
+        ("cpu", "fp32", "no peak FLOP/s is known for cpu"),
+        ("NVIDIA B200", "bf16", "no peak FLOP/s is known for NVIDIA B200"),
+        ("NVIDIA A10G", "bf16", "publish no peak rates for the A10G"),
+        ("NVIDIA H100 80GB HBM3 MIG 1g.10gb", "bf16", "MIG slice"),
+        ("NVIDIA H100 80GB HBM3", None, "has no None figure"),
+    ],
+)
+def test_an_unknown_peak_is_na_with_the_reason_and_what_to_do(name, precision, why):
+    peak = peak_flops(name, precision)
+    assert peak.flops is None
+    assert why in peak.reason and "peak_tflops=" in peak.reason
+
+
+def test_an_override_wins_and_a_bad_one_is_refused():
+    assert peak_flops("cpu", None, override_tflops=2.5).flops == 2.5e12
+    assert peak_flops("NVIDIA H100 PCIe", "bf16", override_tflops=700).flops == 700e12
+    with pytest.raises(ValueError, match="above 0"):
+        peak_flops("cpu", None, override_tflops=0)
+    with pytest.raises(ValueError, match="peak_tflops"):
+        ThroughputMonitor(peak_tflops=-1)
+
+
+def test_every_row_cites_its_source_and_holds_dense_tensor_figures():
+    for row in TABLE:
+        assert row.source, row.name
+        if not row.tflops:
+            continue  # a device nobody publishes figures for: n/a, said so
+        assert "https://" in row.source, row.name
+        assert row.tflops["bf16"] == row.tflops["fp16"], row.name
+        # dense tensor rates: never below the CUDA cores' fp32 rate, within the 2x-16x of
+        # the generations in the table (a sparse figure would double them)
+        assert row.tflops["fp32"] <= row.tflops["tf32"] <= row.tflops["bf16"], row.name
+        assert row.tflops["bf16"] <= 16 * row.tflops["fp32"], row.name
+
+
+# -- FLOPs against hand counts ------------------------------------------------------------
+
+
+def _hand_count(model: nn.Module, x: torch.Tensor) -> float:
+    """Forward and backward FLOPs from the layers' shapes: 2 per multiply-add; backward
+    twice forward (input and weight gradients), less the first layer's input gradient
+    (the images need none)."""
+    forward: list[float] = []
+
+    def conv(m, inp, out):
+        k = m.kernel_size[0] * m.kernel_size[1] * m.in_channels // m.groups
+        forward.append(2.0 * out.numel() * k)
+
+    def linear(m, inp, out):
+        forward.append(2.0 * out.numel() * m.in_features)
+
+    hooks = [
+        m.register_forward_hook(conv if isinstance(m, nn.Conv2d) else linear)
+        for m in model.modules()
+        if isinstance(m, nn.Conv2d | nn.Linear)
+    ]
+    with torch.no_grad():
+        model(x)
+    for h in hooks:
+        h.remove()
+    return 3 * sum(forward) - forward[0]
+
+
+def _counted(model: nn.Module, x: torch.Tensor, loss=lambda y: y.sum()) -> int:
+    count = FlopCount()
+    out = count.around(model)(x)
+    count.around(loss(out).backward)()
+    return count.flops
+
+
+def test_the_counter_agrees_with_a_hand_count_of_the_example_resnet():
+    net, x = cifar_resnet(num_classes=10, width=8), torch.randn(4, 3, 32, 32)
+    hand = _hand_count(net, x)
+    assert _counted(net, x) == pytest.approx(hand, rel=0.05)
+
+
+def test_the_counter_agrees_with_a_hand_count_of_a_small_transformer():
+    d, heads, ff, tokens, batch = 64, 4, 256, 32, 2
+    layer = nn.TransformerEncoderLayer(d, heads, ff, dropout=0.0, batch_first=True)
+    x = torch.randn(batch, tokens, d, requires_grad=True)
+    per_sequence = (
+        4 * 2 * tokens * d * d  # q, k, v and out projections
+        + 2 * 2 * tokens * tokens * d  # scores and the weighted sum
+        + 2 * 2 * tokens * d * ff  # the feed-forward block
+    )
+    hand = 3 * batch * per_sequence  # forward, and a backward twice it (x needs a gradient)
+    assert _counted(layer, x) == pytest.approx(hand, rel=0.05)
+
+
+def test_a_backward_inside_a_counted_step_is_counted_once():
+    net, x = nn.Linear(16, 8), torch.randn(4, 16)
+    count = FlopCount()
+
+    def step():  # manual optimisation: the backward runs inside the step
+        count.around(net(x).sum().backward)()
+
+    count.around(step)()
+    assert count.flops == 3 * 2 * 4 * 16 * 8 - 2 * 4 * 16 * 8  # no input gradient
+
+
+# -- device-clock spans, on a scripted GPU -------------------------------------------------
+
+
+@pytest.fixture
+def gpu(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: None)
+    return ScriptedGPU(capacity=6)
+
+
+def test_spans_read_the_device_clock_lazily_and_count_whole_periods(gpu):
+    spans = StepSpans(torch.device("cuda", 0), pool=gpu)
+    gpu.times = [0.0]  # step 0's end opens the span
+    spans.step_ended(samples=8)
+    for _ in range(3):
+        spans.step_ended(samples=8)
+    gpu.times = [30.0, 30.0]  # the cut: 3 steps of 10 ms on the device
+    spans.cut()
+    spans.poll()
+    assert spans.done.steps == 0  # the device is not there yet: no wait, no figure
+    gpu.now = 30.0
+    spans.poll()
+    assert (spans.done.steps, spans.done.samples, spans.done.device_ms) == (3, 24, 30.0)
+    assert spans.done.rates()["samples_per_s"] == pytest.approx(800)
+    assert gpu.in_use == 1  # only the open span's start is held
+
+
+def test_a_break_ends_the_span_and_the_next_step_only_opens_one(gpu):
+    spans = StepSpans(torch.device("cuda", 0), pool=gpu)
+    gpu.times = [0.0]
+    spans.step_ended(samples=4)
+    spans.step_ended(samples=4)
+    gpu.times = [10.0, 10.0]
+    spans.break_span()  # validation: its time is not the steps'
+    gpu.times = [500.0]
+    spans.step_ended(samples=4)  # its gap held validation: it opens the next span
+    spans.step_ended(samples=4)
+    gpu.times = [510.0, 510.0]
+    spans.close()  # blocks: training is over
+    assert (spans.done.steps, spans.done.samples, spans.done.device_ms) == (2, 8, 20.0)
+    assert gpu.in_use == 0
+
+
+def test_a_dry_pool_keeps_counting_and_says_what_went_untimed(gpu):
+    gpu.capacity = 1
+    spans = StepSpans(torch.device("cuda", 0), pool=gpu)
+    gpu.times = [0.0]
+    spans.step_ended(samples=1)
+    spans.step_ended(samples=1)
+    gpu.times = [5.0]
+    spans.cut()  # needs two events, has none: the segment goes on
+    spans.break_span()
+    assert spans.untimed_steps == 1 and spans.done.steps == 0 and gpu.in_use == 0
+
+
+def test_steps_without_a_size_or_tokens_make_those_rates_na():
+    stats = ThroughputStats(steps=4, device_ms=100.0, samples=0, unsized_steps=4)
+    stats.untokened_steps = 4
+    assert stats.rates() == {"samples_per_s": None, "tokens_per_s": None, "steps_per_s": 40.0}
+
+
+# -- the allocator's peaks, scripted ---------------------------------------------------------
+
+
+class ScriptedAllocator:
+    def __init__(self) -> None:
+        self.resets, self.peaks = 0, []
+
+    def reset(self, device) -> None:
+        self.resets += 1
+
+    def read(self, device) -> dict:
+        allocated, reserved = self.peaks.pop(0)
+        return {
+            "allocated_bytes": {"all": {"peak": allocated}},
+            "reserved_bytes": {"all": {"peak": reserved}},
+        }
+
+
+def test_memory_peaks_reset_at_each_step_and_keep_the_highest():
+    alloc = ScriptedAllocator()
+    memory = MemoryPeaks(torch.device("cuda", 0), read=alloc.read, reset=alloc.reset)
+    alloc.peaks = [(2 * 2**30, 3 * 2**30), (4 * 2**30, 5 * 2**30)]
+    for _ in range(2):
+        memory.step_started()
+        memory.step_ended()
+    assert alloc.resets == 2
+    figures = memory.take_window().gib()
+    assert figures == {
+        "peak_allocated_gib": 4.0,
+        "peak_reserved_gib": 5.0,
+        "step_peak_allocated_gib": 3.0,
+    }
+    assert memory.total.steps == 2 and memory.window.steps == 0
+
+
+def test_memory_on_a_cpu_measures_nothing():
+    def fail(*_):
+        raise AssertionError("the allocator was asked on a CPU")
+
+    memory = MemoryPeaks("cpu", read=fail, reset=fail)
+    memory.step_started()
+    memory.step_ended()
+    assert memory.take_window().gib()["peak_allocated_gib"] is None
+
+
+def _report(allocated_gib: float, reserved_gib: float, mfu_peak: float | None = 100.0):
+    stats = ThroughputStats(steps=10, device_ms=1000.0, samples=320, untokened_steps=10)
+    memory = MemoryStats(10, allocated_gib * 2**30, reserved_gib * 2**30, 10 * 2**30)
+    peak = peak_flops("cpu", None, override_tflops=mfu_peak)
+    flops = Flops(1e12, 32, "counted")
+    return end_of_fit(
+        [stats], [memory], flops=flops, peak=peak, device="NVIDIA L4", precision="bf16",
+        clock="cuda events", warmup_steps=5,
+    )  # fmt: skip
+
+
+def test_the_report_gives_throughput_mfu_and_memory(monkeypatch):
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    monkeypatch.delenv("PYTORCH_ALLOC_CONF", raising=False)
+    report, lines = _report(8.0, 9.0)
+    assert report["samples_per_s"] == pytest.approx(320)  # 10 batches of 32 in 1 s
+    assert report["achieved_tflops"] == pytest.approx(10)  # 1e12 per 32 samples
+    assert report["mfu"] == pytest.approx(0.1)
+    assert lines[0] == "throughput: 320 samples/s; MFU 10.0% (10.00 of 100 TFLOP/s per device)"
+    assert "8.00 GiB allocated, 9.00 GiB reserved" in lines[2]
+    assert not any("fragmentation" in line for line in lines)
+    _, lines = _report(4.0, 12.0)
+    assert "8.00 GiB reserved above the peak" in lines[3]
+    assert "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in lines[3]
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    assert "expandable_segments is on already" in _report(4.0, 12.0)[1][3]
+
+
+def test_mfu_without_a_peak_is_na_with_the_reason():
+    stats = ThroughputStats(steps=10, device_ms=1000.0, samples=320, untokened_steps=10)
+    report, lines = end_of_fit(
+        [stats], [MemoryStats()], flops=Flops(1e9, 32, "counted"),
+        peak=peak_flops("cpu", None), device="cpu", precision=None, clock="host clock",
+        warmup_steps=5,
+    )  # fmt: skip
+    assert report["mfu"] is None
+    assert lines[0].endswith("MFU n/a: no peak FLOP/s is known for cpu; give peak_tflops= for MFU")
+    assert "peak memory n/a" in lines[2]
+
+
+# -- compare gates on throughput and MFU ----------------------------------------------------
+
+
+def test_compare_gates_on_steady_throughput_and_mfu(tmp_path):
+    def run(name, samples_per_s, mfu):
+        folder = tmp_path / name
+        write_report(folder, "run", {"samples_per_s": 1.0})  # the fit's: not the steady one
+        write_report(folder, "throughput", {"samples_per_s": samples_per_s, "mfu": mfu})
+        return RunFiles(folder)
+
+    a = run("a", 1000.0, 0.40)
+    out = gates(a, run("b", 990.0, 0.30), threshold=0.05, sync_threshold=None)
+    assert out[0].startswith("throughput gate passed: samples/s, steady -1.0%")
+    assert out[1].startswith("MFU gate FAILED: 40.0% -> 30.0%")
+    assert out[-1] == "worse: B failed the MFU gate"
+    out = gates(a, run("c", 900.0, 0.40), threshold=0.05, sync_threshold=None)
+    assert out[-1] == "worse: B failed the throughput gate"
+
+
+# -- the callback in real fits ----------------------------------------------------------------
+
+
+class Wide(BoringModel):
+    """A step long enough (a few ms) for two host clocks to agree to 2%."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.Sequential(nn.Linear(32, 1024), nn.ReLU(), nn.Linear(1024, 2))
+
+    def train_dataloader(self):
+        return DataLoader(TensorDataset(torch.randn(64 * 40, 32)), batch_size=64)
+
+    def training_step(self, batch, batch_idx):
+        return super().training_step(batch[0], batch_idx)
+
+
+def test_throughput_agrees_with_lightnings_monitor_on_the_same_fit(tmp_path):
+    # The same interval on both: Lightning's window holds every batch end, ours opens at
+    # the first batch's end (warmup_steps=1), so both time batches 1..39.
+    ours = ThroughputMonitor(warmup_steps=1)
+    theirs = LightningThroughputMonitor(batch_size_fn=lambda b: len(b[0]), window_size=40)
+    trainer = quiet_trainer(
+        max_epochs=1, callbacks=[ours, theirs], logger=CSVLogger(tmp_path), log_every_n_steps=40
+    )
+    trainer.fit(Wide())
+    lightning = trainer.callback_metrics.get("train/device/samples_per_sec")
+    if lightning is None:  # logged, not kept in callback_metrics: read the logger's file
+        rows = (tmp_path / "lightning_logs/version_0/metrics.csv").read_text().splitlines()
+        head = rows[0].split(",")
+        col = head.index("train/device/samples_per_sec")
+        lightning = float(next(r.split(",")[col] for r in rows[1:] if r.split(",")[col]))
+    assert ours.report["timed_steps"] == 39
+    assert ours.report["samples_per_s"] == pytest.approx(float(lightning), rel=0.02)
+
+
+class Syncless(Wide):
+    def training_step(self, batch, batch_idx):
+        loss = super().training_step(batch, batch_idx)
+        self.log("train/loss", loss["loss"])  # Lightning's own logging: no read per step
+        return loss
+
+
+def test_the_monitor_adds_no_sync_under_strict_and_leads_the_summary(tmp_path, caplog):
+    detector = SyncPointDetector(strict=True, first_steps=1000)
+    monitor = ThroughputMonitor(warmup_steps=2)
+    trainer = quiet_trainer(
+        max_epochs=2,
+        limit_train_batches=12,
+        callbacks=[detector, monitor, RunSummary()],
+        logger=CSVLogger(tmp_path),
+        log_every_n_steps=4,
+    )
+    with caplog.at_level(logging.INFO, logger="gpu_busy"):
+        trainer.fit(Syncless())
+    assert detector.report["steady_syncs_per_batch"] == 0
+    assert detector.report["watched_batches"] == 24
+    report = json.loads((tmp_path / "lightning_logs/version_0/throughput.json").read_text())
+    # 2 warm-up steps; each epoch's first step opens a span (its gap held the epoch's end)
+    assert report["timed_steps"] == 10 + 11
+    assert report["flops_per_batch"] == 3 * 2 * 64 * (32 * 1024 + 1024 * 2) - 2 * 64 * 32 * 1024
+    assert report["mfu"] is None and "no peak FLOP/s is known for cpu" in report["peak_source"]
+    messages = [r.getMessage() for r in caplog.records]
+    first = next(i for i, m in enumerate(messages) if m.startswith("throughput: "))
+    assert messages[first].startswith("throughput: ") and "samples/s" in messages[first]
+    assert first < next(i for i, m in enumerate(messages) if m.startswith("fit done in"))
+    metrics = (tmp_path / "lightning_logs/version_0/metrics.csv").read_text()
+    assert "throughput/samples_per_s" in metrics
+
+
+def test_the_wrappers_leave_the_module_after_the_counted_step_even_when_it_fails():
+    class Fails(Wide):
+        def training_step(self, batch, batch_idx):
+            raise RuntimeError("the user's bug")
+
+    model = Fails()
+    with pytest.raises(RuntimeError, match="the user's bug"):
+        quiet_trainer(max_steps=2, callbacks=[ThroughputMonitor()]).fit(model)
+    assert "training_step" not in vars(model) and "backward" not in vars(model)
+    model = Wide()
+    quiet_trainer(max_steps=2, callbacks=[ThroughputMonitor()]).fit(model)
+    assert "training_step" not in vars(model) and "backward" not in vars(model)
+
+
+class Transformer(LightningTransformer):
+    """Lightning's demo on synthetic tokens (its own data is downloaded)."""
+
+    def __init__(self) -> None:
+        super().__init__(vocab_size=100)
+
+    def prepare_data(self) -> None:
+        pass
+
+    def train_dataloader(self) -> DataLoader:
+        x = torch.randint(0, 100, (32, 12), generator=torch.Generator().manual_seed(0))
+        return DataLoader(TensorDataset(x, torch.roll(x, -1, 1)), batch_size=4)
+
+
+def test_a_foreign_transformer_is_counted_and_given_flops_are_used():
+    monitor = ThroughputMonitor(warmup_steps=1)
+    quiet_trainer(max_steps=4, callbacks=[monitor]).fit(Transformer())
+    # its attention included: the CPU's fused kernel is counted (CPU_ATTENTION)
+    model, (x, y) = Transformer(), next(iter(Transformer().train_dataloader()))
+    count = FlopCount()
+    count.around(lambda: model.training_step((x, y), 0).backward())()
+    assert monitor.report["flops_per_batch"] == count.flops > 0
+    assert "FlopCounterMode" in monitor.report["flops_counted"]
+
+    given = ThroughputMonitor(warmup_steps=1, flops_per_batch=1e9, peak_tflops=1.0)
+    quiet_trainer(max_steps=4, callbacks=[given]).fit(Transformer())
+    assert given.report["flops_counted"] == "given (flops_per_batch=)"
+    assert given.report["mfu"] > 0
+    assert given.report["mfu"] == pytest.approx(given.report["achieved_tflops"])  # of 1 TFLOP/s
+
+
+def test_tokens_come_from_the_batch_when_it_says(tmp_path):
+    class Counted(Wide):
+        def train_dataloader(self):
+            return DataLoader(TensorDataset(torch.randn(64 * 8, 32)), batch_size=64,
+                              collate_fn=lambda rows: {"x": torch.stack([r[0] for r in rows]),
+                                                       "num_tokens": 10 * len(rows)})  # fmt: skip
+
+        def training_step(self, batch, batch_idx):
+            return BoringModel.training_step(self, batch["x"], batch_idx)
+
+    monitor = ThroughputMonitor(warmup_steps=1)
+    quiet_trainer(max_steps=8, callbacks=[monitor]).fit(Counted())
+    assert monitor.report["tokens_per_s"] == pytest.approx(10 * monitor.report["samples_per_s"])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_a_gpu_the_monitor_reads_memory_and_mfu_without_a_sync(tmp_path):
+    detector = SyncPointDetector(strict=True, first_steps=1000)
+    monitor = ThroughputMonitor(warmup_steps=2)
+    trainer = pl.Trainer(
+        accelerator="gpu", devices=1, max_steps=30, callbacks=[detector, monitor],
+        logger=False, enable_checkpointing=False, enable_progress_bar=False,
+    )  # fmt: skip
+    trainer.fit(Syncless())
+    report = monitor.report
+    assert report["clock"] == "cuda events" and report["timed_steps"] > 0
+    assert (
+        report["peak_allocated_gib"] > 0
+        and report["peak_reserved_gib"] >= (report["peak_allocated_gib"])
+    )
+    assert detector.report["steady_syncs_per_batch"] == 0

@@ -17,10 +17,11 @@ device activity: not the GPU validation, and said so.
 
 Overhead. The template's training (ResNet-18 on synthetic images, as ``bench.syncs``)
 with none of the template's callbacks (``off``) and with all of them (``on``:
-StreamPrefetcher, StopOnSignal, SyncPointDetector, IdleTimeMonitor, RunSummary),
-interleaved ``--repeats`` times; step time from the end of step 1 to the end of the last
-step (synchronised there). The cost is ``on / off - 1`` per repeat, median over repeats,
-with the spread; per-step medians give a second, noise-robust estimate.
+StreamPrefetcher, StopOnSignal, SyncPointDetector, IdleTimeMonitor, ThroughputMonitor,
+RunSummary), interleaved ``--repeats`` times; step time from the end of step 1 to the end
+of the last step (synchronised there). The cost is ``on - off`` ms per step per rank and
+``on / off - 1``, per repeat, median over repeats, with the spread; per-step medians give
+a second, noise-robust estimate.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from gpu_busy.callbacks import (
     StopOnSignal,
     StreamPrefetcher,
     SyncPointDetector,
+    ThroughputMonitor,
 )
 from gpu_busy.idle import StepTimer, SyncMarks, analyze_trace
 
@@ -168,6 +170,7 @@ def overhead(device: str, steps: int, repeats: int) -> dict:
             StopOnSignal(),
             SyncPointDetector(),
             IdleTimeMonitor(),
+            ThroughputMonitor(),
             RunSummary(),
         ]
 
@@ -183,7 +186,10 @@ def overhead(device: str, steps: int, repeats: int) -> dict:
             medians[mode].append(statistics.median(clock.step_ms()))
     paired = [on / off - 1 for on, off in zip(times["on"], times["off"], strict=True)]
     paired_medians = [on / off - 1 for on, off in zip(medians["on"], medians["off"], strict=True)]
+    paired_ms = [on - off for on, off in zip(times["on"], times["off"], strict=True)]
     return {
+        "ms_per_step": statistics.median(paired_ms),  # per rank: each rank runs them all
+        "paired_ms_per_step": paired_ms,
         "step_ms": {m: statistics.median(v) for m, v in times.items()},
         "spread_ms": {m: [min(v), max(v)] for m, v in times.items()},
         "cost": statistics.median(paired),
@@ -235,6 +241,8 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"\nmonitoring overhead ({device}, {steps} steps x {args.repeats} repeats): step "
         f"{off:.2f} ms off, {on:.2f} ms with every template callback; cost "
+        f"{cost['ms_per_step']:+.3f} ms per step per rank (paired repeats "
+        f"{', '.join(f'{ms:+.3f}' for ms in cost['paired_ms_per_step'])}), "
         f"{100 * cost['cost']:+.2f}% (paired, median; per-repeat "
         f"{', '.join(f'{100 * c:+.1f}%' for c in cost['paired_costs'])}), "
         f"{100 * cost['cost_from_step_medians']:+.2f}% from per-step medians"

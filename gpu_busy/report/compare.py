@@ -165,7 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     picture = args.picture if args.picture is not None else b.folder / "compare.png"
     drawn = side_by_side(a, b, picture) if picture else None
     if drawn is not None:
-        lines.insert(-3, f"picture: {drawn}")
+        first_gate = next(i for i, line in enumerate(lines) if line.startswith("throughput gate"))
+        lines.insert(first_gate, f"picture: {drawn}")
     print("\n".join(lines))
     return 1 if lines[-1].startswith("worse:") else 0
 

@@ -749,6 +749,7 @@ _BACKWARD_SYNC = "gpu_busy_backward_sync"
 _COPY = torch.ops.aten.copy_.default
 _SCALAR_READ = torch.ops.aten._local_scalar_dense.default
 _ENGINE = os.path.join(_TORCH_DIR, "autograd", "graph.py")
+_OP_CALL = os.path.join(_TORCH_DIR, "_ops.py")  # OpOverload.__call__: a mode passing an op on
 # Frames between a dispatched op and the code that ran it: this package's layers and the
 # wrapper torch puts around a mode's __torch_dispatch__ (torch._disable_dynamo).
 _NOT_CALLERS = (
@@ -761,11 +762,16 @@ _NOT_CALLERS = (
 def _in_a_cpp_gradient_hook(node: Any) -> bool:
     """An op run by C++ code hooked on a parameter's gradient accumulation: the current
     autograd node is an ``AccumulateGrad`` and no Python frame stands between the op and
-    the autograd engine's entry (a Python hook would be one)."""
+    the autograd engine's entry (a Python hook would be one). Another dispatch mode's own
+    frames (``FlopCounterMode`` passing the op on) are not callers either."""
     if node is None or type(node).__name__ != "AccumulateGrad":
         return False
     frame = sys._getframe(1)
-    while frame is not None and frame.f_code.co_filename.startswith(_NOT_CALLERS):
+    while frame is not None and (
+        frame.f_code.co_filename.startswith(_NOT_CALLERS)
+        or frame.f_code.co_filename == _OP_CALL
+        or isinstance(frame.f_locals.get("self"), TorchDispatchMode)
+    ):
         frame = frame.f_back
     return frame is not None and frame.f_code.co_filename == _ENGINE
 

@@ -472,3 +472,5 @@ def test_on_a_gpu_the_monitor_reads_memory_and_mfu_without_a_sync(tmp_path):
         and report["peak_reserved_gib"] >= (report["peak_allocated_gib"])
     )
     assert detector.report["steady_syncs_per_batch"] == 0
+    # the backward ran on the autograd engine's device thread and was counted all the same
+    assert report["flops_per_batch"] == 3 * 2 * 64 * (32 * 1024 + 1024 * 2) - 2 * 64 * 32 * 1024

@@ -173,8 +173,8 @@ class ThroughputMonitor(pl.Callback):
             return Flops(
                 None,
                 None,
-                "FlopCounterMode saw no matmul or convolution in the first step (a compiled "
-                "model runs below it); give flops_per_batch=",
+                "FlopCounterMode saw no matmul, convolution or attention in the first step; "
+                "give flops_per_batch=",
             )
         size = self._counted_samples
         of = f"a batch of {size}" if size else "a batch"

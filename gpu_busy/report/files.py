@@ -41,6 +41,7 @@ class RunReport(TypedDict, total=False):
     samples_per_s: float | None
     steps_per_s: float
     verdict: dict[str, Any]  # {"cause": ..., "share": ...}
+    throughput: dict[str, Any]  # throughput.json's headline figures (report.run.THROUGHPUT_KEYS)
 
 
 class IdleReport(TypedDict, total=False):

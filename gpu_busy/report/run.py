@@ -12,6 +12,16 @@ from __future__ import annotations
 from gpu_busy.report.files import RunReport
 from gpu_busy.report.verdict import decide
 
+# The throughput report's headline figures, copied into run.json beside the fit's own.
+THROUGHPUT_KEYS = (
+    "samples_per_s",
+    "tokens_per_s",
+    "flops_per_batch",
+    "mfu",
+    "peak_allocated_gib",
+    "peak_reserved_gib",
+)
+
 
 def summary(
     ranks: list[list[float]],
@@ -60,10 +70,13 @@ def summary(
 
 
 def under_verdict(held: list[tuple[str, dict, list[str]]], run: RunReport | None) -> list[str]:
-    """The throughput report (its first line: throughput and MFU), the verdict line (with an
-    idle report; recorded in ``run``), then the other held reports in the order they came."""
+    """The throughput report (its first line: throughput and MFU; its figures recorded in
+    ``run``), the verdict line (with an idle report; recorded in ``run``), then the other
+    held reports in the order they came."""
     reports = {name: report for name, report, _ in held}
     lines = [line for name, _, text in held if name == "throughput" for line in text]
+    if run is not None and "throughput" in reports:
+        run["throughput"] = {k: reports["throughput"].get(k) for k in THROUGHPUT_KEYS}
     if run is not None and "idle" in reports:
         verdict = decide(reports["idle"], reports.get("syncs"))
         lines.append(verdict.line)

@@ -82,6 +82,6 @@ class FlopCount:
 
     @property
     def flops(self) -> int | None:
-        """None where no op with a formula ran: a compiled model's kernels run below the
-        dispatcher, where the counter cannot see them."""
+        """None where no op with a formula ran (kernels the dispatcher never saw, such as a
+        custom extension's, count nothing)."""
         return self.total or None

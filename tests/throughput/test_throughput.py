@@ -12,7 +12,7 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import ThroughputMonitor as LightningThroughputMonitor
 from lightning.pytorch.demos import LightningTransformer
-from lightning.pytorch.demos.boring_classes import BoringModel
+from lightning.pytorch.demos.boring_classes import BoringModel, ManualOptimBoringModel
 from lightning.pytorch.loggers import CSVLogger
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
@@ -393,6 +393,9 @@ def test_the_monitor_adds_no_sync_under_strict_and_leads_the_summary(tmp_path, c
     assert first < next(i for i, m in enumerate(messages) if m.startswith("fit done in"))
     metrics = (tmp_path / "lightning_logs/version_0/metrics.csv").read_text()
     assert "throughput/samples_per_s" in metrics
+    run = json.loads((tmp_path / "lightning_logs/version_0/run.json").read_text())
+    assert run["throughput"]["samples_per_s"] == report["samples_per_s"]
+    assert run["throughput"]["flops_per_batch"] == report["flops_per_batch"]
 
 
 def test_the_wrappers_leave_the_module_after_the_counted_step_even_when_it_fails():
@@ -407,6 +410,13 @@ def test_the_wrappers_leave_the_module_after_the_counted_step_even_when_it_fails
     model = Wide()
     quiet_trainer(max_steps=2, callbacks=[ThroughputMonitor()]).fit(model)
     assert "training_step" not in vars(model) and "backward" not in vars(model)
+
+
+def test_manual_optimisation_counts_its_backward_once():
+    monitor = ThroughputMonitor(warmup_steps=1)
+    quiet_trainer(max_steps=4, callbacks=[monitor]).fit(ManualOptimBoringModel())
+    # Linear(32, 2) on a batch of 1: forward, weight gradient (no input gradient)
+    assert monitor.report["flops_per_batch"] == 2 * 2 * 32 * 2
 
 
 class Transformer(LightningTransformer):
@@ -474,3 +484,21 @@ def test_on_a_gpu_the_monitor_reads_memory_and_mfu_without_a_sync(tmp_path):
     assert detector.report["steady_syncs_per_batch"] == 0
     # the backward ran on the autograd engine's device thread and was counted all the same
     assert report["flops_per_batch"] == 3 * 2 * 64 * (32 * 1024 + 1024 * 2) - 2 * 64 * 32 * 1024
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_a_gpu_lightnings_monitor_syncs_every_batch_and_ours_never(tmp_path):
+    def steady_syncs(monitor) -> dict:
+        detector = SyncPointDetector(first_steps=1000)
+        trainer = pl.Trainer(
+            accelerator="gpu", devices=1, max_steps=20, callbacks=[detector, monitor],
+            logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        )  # fmt: skip
+        trainer.fit(Syncless())
+        return detector.report
+
+    theirs = steady_syncs(LightningThroughputMonitor(batch_size_fn=lambda b: len(b[0])))
+    ours = steady_syncs(ThroughputMonitor())
+    assert theirs["steady_syncs_per_batch"] >= 1  # torch.cuda.synchronize() in its _update
+    assert ours["steady_syncs_per_batch"] == 0

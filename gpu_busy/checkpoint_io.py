@@ -1,5 +1,6 @@
-"""AtomicCheckpointIO: Lightning's checkpoint writes, atomic on the run directory's own disk.
+"""Lightning's checkpoint writes, atomic on the run directory's own disk, and in the background.
 
+``AtomicCheckpointIO``:
 Lightning's ``TorchCheckpointIO`` writes a local file through an fsspec transaction that
 stages it in ``$TMPDIR`` and moves it into place. On a cluster, where ``/tmp`` is
 node-local and runs live on NFS or Lustre, that move is a truncate-and-copy: a kill
@@ -10,21 +11,47 @@ and a failed save ends the run with one line, its earlier checkpoints whole. Rem
 ``numpy.float64`` learning rate) are saved as Python numbers, which the resume's safe
 load reads back.
 
+``BackgroundCheckpointIO`` (the default config's): the same atomic writes, made by a
+writer thread from a snapshot (``gpu_busy.resume.snapshot``), so the loop is held only for
+the snapshot: on a GPU the copies are enqueued on a side stream and the host does not
+wait; on a CPU they are a memory copy. The file holds exactly the state at the save, however
+training goes on. One write at a time: a save while one is writing waits for it (its
+snapshot buffers are the ones reused), as does removing a checkpoint and the end of the
+run, so every checkpoint a callback was told was saved is on disk when the run ends. A
+failed write is logged when it fails; at the end the run fails with one line if a
+checkpoint's newest save never reached the disk. The snapshot's host memory (pinned on a
+GPU) is said at the first save.
+
 Example::
 
-    trainer = Trainer(plugins=[AtomicCheckpointIO()])
+    trainer = Trainer(plugins=[BackgroundCheckpointIO()])
     # or in a LightningCLI config:  trainer.plugins: [gpu_busy.checkpoint_io.AtomicCheckpointIO]
 """
 
 from __future__ import annotations
 
+import errno
 import io
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
-from gpu_busy.resume.checkpoint_file import plain_numbers, write_atomically
+from gpu_busy.log import get_logger
+from gpu_busy.resume.checkpoint_file import SaveFailed, plain_numbers, write_atomically
+from gpu_busy.resume.snapshot import StateSnapshot
+
+log = get_logger(__name__)
+
+
+def _local(path: Any, storage_options: Any) -> str | None:
+    """The local file a save goes to; None for remote storage (``s3://``...)."""
+    text = str(path)
+    if storage_options is not None or ("://" in text and not text.startswith("file://")):
+        return None
+    return text.removeprefix("file://")
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -32,10 +59,82 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options=None) -> None:
         checkpoint = plain_numbers(checkpoint)  # what the resume's safe load can read
-        text = str(path)
-        if storage_options is not None or ("://" in text and not text.startswith("file://")):
+        target = _local(path, storage_options)
+        if target is None:
             super().save_checkpoint(checkpoint, path, storage_options)
             return
         buffer = io.BytesIO()
         torch.save(checkpoint, buffer)
-        write_atomically(text.removeprefix("file://"), buffer.getbuffer())
+        write_atomically(target, buffer.getbuffer())
+
+
+class BackgroundCheckpointIO(AtomicCheckpointIO):
+    """``AtomicCheckpointIO`` whose local writes run in a thread, from a snapshot."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.snapshot = StateSnapshot()
+        self.blocked_s: list[float] = []  # per save: how long the loop was held
+        self._writer: ThreadPoolExecutor | None = None
+        self._in_flight: Future | None = None
+        self._failed: dict[str, SaveFailed] = {}  # by file: its newest save did not land
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options=None) -> None:
+        target = _local(path, storage_options)
+        started = time.perf_counter()
+        self.wait()  # one write at a time: its snapshot buffers are reused now
+        if target is None:
+            super().save_checkpoint(checkpoint, path, storage_options)
+            return
+        state, ready = self.snapshot.take(checkpoint)
+        if not self.blocked_s:
+            log.info(
+                "checkpoints are written in the background from a snapshot of the state: "
+                "%.0f MiB of %s host memory held for it between saves",
+                self.snapshot.bytes / 2**20,
+                "pinned" if self.snapshot.pinned else "ordinary",
+            )
+        if self._writer is None:
+            self._writer = ThreadPoolExecutor(1, thread_name_prefix="checkpoint-writer")
+        self._in_flight = self._writer.submit(self._write, state, ready, target)
+        self.blocked_s.append(time.perf_counter() - started)
+
+    def _write(self, state: Any, ready: Any, target: str) -> None:
+        ready()  # the device's copies into the snapshot have landed
+        buffer = io.BytesIO()
+        torch.save(plain_numbers(state), buffer)
+        del state
+        try:
+            write_atomically(target, buffer.getbuffer())
+        except SaveFailed as e:
+            self._failed[target] = e
+            log.error("checkpoint write failed in the background: %s", e.strerror)
+            return
+        self._failed.pop(target, None)
+
+    def wait(self) -> None:
+        """Returns once no write is in flight; an error other than a failed write (one the
+        snapshot could not pickle) is raised here, in the loop."""
+        in_flight, self._in_flight = self._in_flight, None
+        if in_flight is not None:
+            in_flight.result()
+
+    def remove_checkpoint(self, path) -> None:
+        self.wait()  # not a file whose write is still to land
+        super().remove_checkpoint(path)
+
+    def teardown(self) -> None:
+        """The end of the run, however it ends: the write in flight lands first."""
+        try:
+            self.wait()
+        finally:
+            if self._writer is not None:
+                self._writer.shutdown(wait=True)
+                self._writer = None
+        super().teardown()
+        failed, self._failed = list(self._failed.values()), {}
+        if failed:
+            raise SaveFailed(
+                failed[-1].errno or errno.EIO,
+                "; ".join(e.strerror for e in failed) + " (written in the background)",
+            )

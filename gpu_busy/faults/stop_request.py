@@ -36,8 +36,13 @@ _pending: list[TrainingStopped] = []
 
 @contextlib.contextmanager
 def stops_deferred() -> Iterator[None]:
-    """A second Ctrl+C inside the block stops the run at its end, not in the middle."""
+    """A second Ctrl+C inside the block stops the run at its end, not in the middle. On the
+    main thread only: a block in another thread (a background checkpoint write) does not
+    hold the loop back; whoever stops waits for that thread instead."""
     global _deferring
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
     _deferring += 1
     try:
         yield

@@ -149,3 +149,43 @@ class BreakRunDirAt(pl.Callback):
         else:
             for path in [folder, *folder.rglob("*")]:
                 path.chmod(path.stat().st_mode & ~(stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH))
+
+
+class SlowCheckpointWrites(pl.Callback):
+    """Every checkpoint write first leaves half its bytes in the staged file, touches
+    ``<cwd>/writing``, and takes ``seconds`` longer: a slow disk, long enough for a test to
+    signal or kill the run while a background write is in flight."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def setup(self, trainer, pl_module, stage) -> None:
+        from gpu_busy.resume import checkpoint_file
+
+        real = checkpoint_file._write_staged
+        if getattr(real, "slowed", False):
+            return
+
+        def slow(path, stage_path, data):
+            stage_path.parent.mkdir(parents=True, exist_ok=True)
+            stage_path.write_bytes(bytes(data[: len(data) // 2]))
+            Path("writing").write_text(str(path))
+            time.sleep(self.seconds)
+            real(path, stage_path, data)
+
+        slow.slowed = True
+        checkpoint_file._write_staged = slow
+
+
+class FullDisk(pl.Callback):
+    """Every checkpoint write finds its disk full (on rank zero, which writes)."""
+
+    def setup(self, trainer, pl_module, stage) -> None:
+        import errno
+
+        from gpu_busy.resume import checkpoint_file
+
+        def full(path, stage_path, data):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        checkpoint_file._write_staged = full

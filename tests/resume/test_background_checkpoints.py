@@ -1,0 +1,318 @@
+"""Checkpoints written in the background: exactly the state at the save while training goes
+on, one write at a time, failures told and not lost, and the loop held only for the
+snapshot; signals, kills and DDP through the real entry point."""
+
+from __future__ import annotations
+
+import copy
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.demos.boring_classes import BoringModel
+from torch import nn
+
+import gpu_busy.checkpoint_io as checkpoint_io
+from gpu_busy.checkpoint_io import BackgroundCheckpointIO
+from gpu_busy.resume.checkpoint_file import SaveFailed
+from gpu_busy.resume.snapshot import StateSnapshot
+from tests.conftest import DEBUG, DEFAULT, ROOT, run_entry_point
+from tests.helpers.trainers import quiet_trainer
+
+
+class Wide(BoringModel):
+    """A few MiB of state, and Adam's moments, which every step changes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.Sequential(nn.Linear(32, 512), nn.ReLU(), nn.Linear(512, 2))
+
+    def configure_optimizers(self):
+        return torch.optim.Adam(self.parameters(), lr=0.1)
+
+
+class StateAtSave(Callback):
+    """The checkpoint's model and optimizer state as they were when each save was made."""
+
+    def __init__(self) -> None:
+        self.at: dict[int, dict] = {}
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint) -> None:
+        self.at[checkpoint["global_step"]] = copy.deepcopy(
+            {"state_dict": checkpoint["state_dict"], "optimizer": checkpoint["optimizer_states"]}
+        )
+
+
+def _slow_writes(monkeypatch, seconds: float) -> None:
+    real = checkpoint_io.write_atomically
+
+    def slow(path, data):
+        time.sleep(seconds)  # training goes on meanwhile
+        real(path, data)
+
+    monkeypatch.setattr(checkpoint_io, "write_atomically", slow)
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, list | tuple):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    return a == b
+
+
+def _fit_saving_every_2_steps(tmp_path, plugin, steps=10):
+    record = StateAtSave()
+    saves = ModelCheckpoint(
+        tmp_path, "s{step}", every_n_train_steps=2, save_top_k=-1, auto_insert_metric_name=False
+    )
+    trainer = quiet_trainer(
+        max_steps=steps, plugins=[plugin], callbacks=[saves, record], enable_checkpointing=True
+    )
+    trainer.fit(Wide())
+    return record
+
+
+def _files_hold_the_state_at_their_save(tmp_path, record) -> list[bool]:
+    out = []
+    for step, state in sorted(record.at.items()):
+        saved = torch.load(tmp_path / f"s{step}.ckpt", map_location="cpu", weights_only=True)
+        out.append(
+            _same(saved["state_dict"], state["state_dict"])
+            and _same(saved["optimizer_states"], state["optimizer"])
+        )
+    return out
+
+
+def test_a_background_write_holds_exactly_the_state_at_its_save(tmp_path, monkeypatch):
+    _slow_writes(monkeypatch, 0.05)  # every write outlasts the next step
+    record = _fit_saving_every_2_steps(tmp_path, BackgroundCheckpointIO())
+    assert sorted(record.at) == [2, 4, 6, 8, 10]
+    assert _files_hold_the_state_at_their_save(tmp_path, record) == [True] * 5
+
+
+class RecordingCuda:
+    """A stand-in for ``torch.cuda``'s streams and events that writes down what is asked of
+    them, in order: the snapshot's CUDA route, travelled on the CPU."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+        cuda = self
+
+        class Stream:
+            def __init__(self, name):
+                self.name = name
+
+            def wait_stream(self, other):
+                cuda.calls.append(f"{self.name} waits for {other.name}")
+
+            def wait_event(self, event):
+                cuda.calls.append(f"{self.name} waits for the copies' event")
+
+        class Event:
+            def record(self, stream):
+                cuda.calls.append(f"event recorded on {stream.name}")
+
+            def synchronize(self):
+                cuda.calls.append("the writer waits for the event")
+
+        self.compute = Stream("compute")
+        self.Stream = lambda device: Stream("side")
+        self.Event = Event
+
+    def is_available(self) -> bool:
+        return False  # no pinned memory on this machine
+
+    def current_stream(self, device):
+        return self.compute
+
+    def stream(self, stream):
+        calls = self.calls
+
+        class Context:
+            def __enter__(self):
+                calls.append(f"copies enqueued on {stream.name}")
+
+            def __exit__(self, *exc):
+                calls.append("back to compute")
+
+        return Context()
+
+
+def test_device_tensors_are_copied_on_a_side_stream_ordered_by_events_not_a_host_wait():
+    cuda = RecordingCuda()
+    snapshot = StateSnapshot(cuda=cuda, on_device=lambda t: True)
+    live = torch.arange(4.0)
+    state, ready = snapshot.take({"w": live})
+    assert cuda.calls == [
+        "side waits for compute",  # the state as the steps so far leave it
+        "copies enqueued on side",
+        "back to compute",
+        "event recorded on side",
+        "compute waits for the copies' event",  # the next step cannot overwrite them first
+    ]  # and nothing on the loop's thread waited for the device
+    ready()
+    assert cuda.calls[-1] == "the writer waits for the event"
+    assert torch.equal(state["w"], live) and state["w"].data_ptr() != live.data_ptr()
+
+
+def test_one_write_at_a_time_and_the_loop_is_held_only_for_the_snapshot(tmp_path, monkeypatch):
+    _slow_writes(monkeypatch, 0.5)
+    plugin = BackgroundCheckpointIO()
+    state = {"w": torch.randn(256, 1024), "step": 1}
+    before = state["w"].clone()
+    plugin.save_checkpoint(state, tmp_path / "a.ckpt")
+    assert plugin.blocked_s[0] < 0.25  # the snapshot, not the half-second write
+    state["w"].add_(1.0)  # training goes on: the file must not see it
+    plugin.save_checkpoint({**state, "step": 2}, tmp_path / "b.ckpt")  # waits for a's write
+    assert plugin.blocked_s[1] >= 0.3
+    plugin.remove_checkpoint(tmp_path / "b.ckpt")  # waits for b's write, then removes it
+    assert not (tmp_path / "b.ckpt").exists()
+    plugin.teardown()
+    saved = torch.load(tmp_path / "a.ckpt", weights_only=True)
+    assert saved["step"] == 1 and torch.equal(saved["w"], before)
+    assert plugin.snapshot.bytes == 256 * 1024 * 4
+
+
+def test_the_snapshot_reuses_its_buffers_and_copies_what_could_change():
+    snapshot = StateSnapshot()
+    arr = __import__("numpy").arange(3)
+    state = {"t": torch.ones(4), "rng": ("MT19937", arr), "lr": [0.1]}
+    first, ready = snapshot.take(state)
+    ready()
+    buffer = first["t"]
+    arr[0] = 99  # a live NumPy array the state holds
+    state["lr"][0] = 0.2
+    assert first["rng"][1][0] == 0 and first["lr"] == [0.1]
+    second, _ = snapshot.take(state)
+    assert second["t"] is buffer  # the same layout: the same host buffer
+    assert snapshot.bytes == 16
+
+
+def test_a_failed_background_write_is_told_at_once_and_fails_the_run_at_the_end(
+    tmp_path, monkeypatch, caplog
+):
+    def full_disk(path, data):
+        raise SaveFailed(28, f"cannot save {path}: No space left on device")
+
+    monkeypatch.setattr(checkpoint_io, "write_atomically", full_disk)
+    plugin = BackgroundCheckpointIO()
+    plugin.save_checkpoint({"w": torch.ones(2)}, tmp_path / "last.ckpt")
+    plugin.wait()
+    assert "checkpoint write failed in the background" in caplog.text  # when it happened
+    with pytest.raises(SaveFailed, match=r"No space left on device.*written in the background"):
+        plugin.teardown()
+
+
+def test_a_later_good_write_of_the_same_file_makes_the_failure_history(tmp_path, monkeypatch):
+    real = checkpoint_io.write_atomically
+    calls = []
+
+    def full_once(path, data):
+        calls.append(path)
+        if len(calls) == 1:
+            raise SaveFailed(28, f"cannot save {path}: No space left on device")
+        real(path, data)
+
+    monkeypatch.setattr(checkpoint_io, "write_atomically", full_once)
+    plugin = BackgroundCheckpointIO()
+    plugin.save_checkpoint({"step": 1}, tmp_path / "last.ckpt")
+    plugin.save_checkpoint({"step": 2}, tmp_path / "last.ckpt")
+    plugin.teardown()  # the file's newest save landed: nothing is missing
+    assert torch.load(tmp_path / "last.ckpt", weights_only=True)["step"] == 2
+
+
+# -- through the entry point ---------------------------------------------------------------
+
+RUN = ["fit", "--config", DEFAULT, "--config", DEBUG, "--trainer.max_epochs=3",
+       "--trainer.limit_train_batches=null"]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_sigterm_while_a_write_is_in_flight_waits_for_it_and_exits_143(tmp_path):
+    # The epoch-end saves (after step 16) are still writing when the signal comes at step
+    # 17; the stop's own save waits for them, and the run's end for it. (That a SIGTERM
+    # save resumes exactly: tests/faults/test_faults.py, through this same writer.)
+    args = [*RUN, "--trainer.logger.init_args.name=split",
+            "--trainer.callbacks+=tests.helpers.faults_probe.SlowCheckpointWrites",
+            "--trainer.callbacks.init_args.seconds=2",
+            "--trainer.callbacks+=tests.helpers.faults_probe.SignalAt",
+            "--trainer.callbacks.init_args.step=17"]  # fmt: skip
+    result = run_entry_point(args, cwd=tmp_path)
+    assert result.returncode == 143, result.stderr[-2000:]
+    checkpoints = tmp_path / "runs/split/version_0/checkpoints"
+    last = torch.load(checkpoints / "last.ckpt", weights_only=True, map_location="cpu")
+    assert last["global_step"] == 18
+    assert torch.load(checkpoints / "best-epoch00.ckpt", weights_only=True)["global_step"] == 16
+    assert not list(checkpoints.glob(".*partial*")), "a partial file was left"
+
+
+@pytest.mark.slow
+def test_kill_9_during_a_write_keeps_the_last_good_file_that_resumes(tmp_path):
+    # Epoch 0's last.ckpt is written at full speed; then a resumed run's first write is
+    # killed halfway (half its bytes staged): the good file stays, and resumes.
+    first = run_entry_point(
+        [*RUN, "--trainer.max_epochs=1", "--trainer.logger.init_args.name=k"], cwd=tmp_path
+    )
+    assert first.returncode == 0, first.stderr[-2000:]
+    checkpoints = tmp_path / "runs/k/version_0/checkpoints"
+    good = (checkpoints / "last.ckpt").read_bytes()
+    args = [*RUN, "--trainer.logger.init_args.name=k", "--ckpt_path=last",
+            "--trainer.logger.init_args.version=0",
+            "--trainer.callbacks+=tests.helpers.faults_probe.SlowCheckpointWrites",
+            "--trainer.callbacks.init_args.seconds=60"]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+    run = subprocess.Popen(
+        [sys.executable, "-m", "template.train", *args], cwd=tmp_path, env=env,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not (tmp_path / "writing").exists():
+            time.sleep(0.2)
+        assert (tmp_path / "writing").exists(), "no write ever started"
+    finally:
+        run.send_signal(signal.SIGKILL)
+        run.wait(timeout=30)
+    assert (checkpoints / "last.ckpt").read_bytes() == good
+    resumed = run_entry_point(
+        [*RUN, "--trainer.max_epochs=2", "--trainer.logger.init_args.name=k",
+         "--ckpt_path=last"],
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "resuming from runs/k/version_0/checkpoints/last.ckpt" in resumed.stderr
+
+
+@pytest.mark.slow
+def test_a_full_disk_in_a_background_write_exits_1_in_one_line(tmp_path):
+    result = run_entry_point(
+        [*RUN, "--trainer.max_epochs=1", "--trainer.logger.init_args.name=full",
+         "--trainer.callbacks+=tests.helpers.faults_probe.FullDisk"],
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 1, result.stderr[-2000:]
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and "No space left on device" in lines[0], result.stderr[-2000:]
+    assert "written in the background" in lines[0]
+    assert "checkpoint write failed in the background" in result.stderr  # told at once too
+
+
+@pytest.mark.slow
+def test_ddp_on_gloo_rank_zero_writes_in_the_background(tmp_path):
+    args = [*RUN, "--trainer.max_epochs=2", "--trainer.accelerator=cpu",
+            "--trainer.devices=2", "--trainer.strategy=ddp",
+            "--trainer.logger.init_args.name=ddp"]  # fmt: skip
+    result = run_entry_point(args, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    # rank zero alone writes (Lightning's Strategy.save_checkpoint): one snapshot, said once
+    assert result.stderr.count("checkpoints are written in the background") == 1
+    last = tmp_path / "runs/ddp/version_0/checkpoints/last.ckpt"
+    assert torch.load(last, weights_only=True, map_location="cpu")["global_step"] == 16

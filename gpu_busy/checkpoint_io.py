@@ -14,10 +14,12 @@ load reads back.
 ``BackgroundCheckpointIO`` (the default config's): the same atomic writes, made by a
 writer thread from a snapshot (``gpu_busy.resume.snapshot``), so the loop is held only for
 the snapshot: on a GPU the copies are enqueued on a side stream and the host does not
-wait; on a CPU they are a memory copy. The file holds exactly the state at the save, however
+wait. By default only where the state lives on a GPU: training on a CPU would lose the
+cores the writer takes (``background=True`` forces it there, where the snapshot is a
+memory copy). The file holds exactly the state at the save, however
 training goes on. One write at a time: a save while one is writing waits for it (its
-snapshot buffers are the ones reused), as does removing a checkpoint and the end of the
-run, so every checkpoint a callback was told was saved is on disk when the run ends. A
+snapshot buffers are the ones reused), as do removing the file being written and the end
+of the run, so every checkpoint a callback was told was saved is on disk when the run ends. A
 failed write is logged when it fails; at the end the run fails with one line if a
 checkpoint's newest save never reached the disk. The snapshot's host memory (pinned on a
 GPU) is said at the first save.
@@ -38,6 +40,7 @@ from typing import Any
 
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+from lightning_utilities.core.apply_func import apply_to_collection
 
 from gpu_busy.log import get_logger
 from gpu_busy.resume.checkpoint_file import SaveFailed, plain_numbers, write_atomically
@@ -69,21 +72,31 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
 
 class BackgroundCheckpointIO(AtomicCheckpointIO):
-    """``AtomicCheckpointIO`` whose local writes run in a thread, from a snapshot."""
+    """``AtomicCheckpointIO`` whose local writes run in a thread, from a snapshot.
 
-    def __init__(self) -> None:
+    Args:
+        background: True: always; False: never (the loop waits for each write, as
+            ``AtomicCheckpointIO``); None: where the state lives on a GPU. Training on a
+            CPU keeps every core busy, so a writer thread would take them from training:
+            on a 2-core CPU a fit with background saves ran at 284 samples/s against 310
+            in place (``python -m bench.checkpoints``, docs/BENCHMARKS.md).
+    """
+
+    def __init__(self, background: bool | None = None) -> None:
         super().__init__()
+        self.background = background
         self.snapshot = StateSnapshot()
         self.blocked_s: list[float] = []  # per save: how long the loop was held
         self._writer: ThreadPoolExecutor | None = None
         self._in_flight: Future | None = None
+        self._writing: str | None = None  # the file the write in flight goes to
         self._failed: dict[str, SaveFailed] = {}  # by file: its newest save did not land
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options=None) -> None:
         target = _local(path, storage_options)
         started = time.perf_counter()
         self.wait()  # one write at a time: its snapshot buffers are reused now
-        if target is None:
+        if target is None or not self._in_background(checkpoint):
             super().save_checkpoint(checkpoint, path, storage_options)
             return
         state, ready = self.snapshot.take(checkpoint)
@@ -97,7 +110,18 @@ class BackgroundCheckpointIO(AtomicCheckpointIO):
         if self._writer is None:
             self._writer = ThreadPoolExecutor(1, thread_name_prefix="checkpoint-writer")
         self._in_flight = self._writer.submit(self._write, state, ready, target)
+        self._writing = target
         self.blocked_s.append(time.perf_counter() - started)
+
+    def _in_background(self, checkpoint: dict[str, Any]) -> bool:
+        if self.background is None:
+            self.background = _holds_cuda_tensors(checkpoint)
+            if not self.background:
+                log.info(
+                    "checkpoints are written in place: the state is in host memory, where "
+                    "training uses the cores a writer thread would (background=True forces it)"
+                )
+        return self.background
 
     def _write(self, state: Any, ready: Any, target: str) -> None:
         ready()  # the device's copies into the snapshot have landed
@@ -115,12 +139,13 @@ class BackgroundCheckpointIO(AtomicCheckpointIO):
     def wait(self) -> None:
         """Returns once no write is in flight; an error other than a failed write (one the
         snapshot could not pickle) is raised here, in the loop."""
-        in_flight, self._in_flight = self._in_flight, None
+        in_flight, self._in_flight, self._writing = self._in_flight, None, None
         if in_flight is not None:
             in_flight.result()
 
     def remove_checkpoint(self, path) -> None:
-        self.wait()  # not a file whose write is still to land
+        if self._writing is not None and _local(path, None) == self._writing:
+            self.wait()  # its write would land after the removal
         super().remove_checkpoint(path)
 
     def teardown(self) -> None:
@@ -138,3 +163,9 @@ class BackgroundCheckpointIO(AtomicCheckpointIO):
                 failed[-1].errno or errno.EIO,
                 "; ".join(e.strerror for e in failed) + " (written in the background)",
             )
+
+
+def _holds_cuda_tensors(checkpoint: Any) -> bool:
+    found = []
+    apply_to_collection(checkpoint, torch.Tensor, lambda t: found.append(t.is_cuda))
+    return any(found)

@@ -93,7 +93,7 @@ def _files_hold_the_state_at_their_save(tmp_path, record) -> list[bool]:
 
 def test_a_background_write_holds_exactly_the_state_at_its_save(tmp_path, monkeypatch):
     _slow_writes(monkeypatch, 0.05)  # every write outlasts the next step
-    record = _fit_saving_every_2_steps(tmp_path, BackgroundCheckpointIO())
+    record = _fit_saving_every_2_steps(tmp_path, BackgroundCheckpointIO(background=True))
     assert sorted(record.at) == [2, 4, 6, 8, 10]
     assert _files_hold_the_state_at_their_save(tmp_path, record) == [True] * 5
 
@@ -165,20 +165,37 @@ def test_device_tensors_are_copied_on_a_side_stream_ordered_by_events_not_a_host
 
 def test_one_write_at_a_time_and_the_loop_is_held_only_for_the_snapshot(tmp_path, monkeypatch):
     _slow_writes(monkeypatch, 0.5)
-    plugin = BackgroundCheckpointIO()
+    plugin = BackgroundCheckpointIO(background=True)
     state = {"w": torch.randn(256, 1024), "step": 1}
     before = state["w"].clone()
     plugin.save_checkpoint(state, tmp_path / "a.ckpt")
     assert plugin.blocked_s[0] < 0.25  # the snapshot, not the half-second write
     state["w"].add_(1.0)  # training goes on: the file must not see it
     plugin.save_checkpoint({**state, "step": 2}, tmp_path / "b.ckpt")  # waits for a's write
-    assert plugin.blocked_s[1] >= 0.3
-    plugin.remove_checkpoint(tmp_path / "b.ckpt")  # waits for b's write, then removes it
-    assert not (tmp_path / "b.ckpt").exists()
-    plugin.teardown()
     saved = torch.load(tmp_path / "a.ckpt", weights_only=True)
     assert saved["step"] == 1 and torch.equal(saved["w"], before)
+    state["step"] = 2
+    assert plugin.blocked_s[1] >= 0.3
+    started = time.perf_counter()
+    plugin.remove_checkpoint(tmp_path / "a.ckpt")  # not the file being written: at once
+    assert time.perf_counter() - started < 0.25 and not (tmp_path / "a.ckpt").exists()
+    plugin.remove_checkpoint(tmp_path / "b.ckpt")  # waits for b's write, then removes it
+    assert not (tmp_path / "b.ckpt").exists()
+    plugin.save_checkpoint(state, tmp_path / "c.ckpt")
+    plugin.teardown()  # the run's end: c's write lands first
+    saved = torch.load(tmp_path / "c.ckpt", weights_only=True)
+    assert saved["step"] == 2 and torch.equal(saved["w"], before + 1.0)
     assert plugin.snapshot.bytes == 256 * 1024 * 4
+
+
+def test_by_default_a_cpu_run_writes_in_place_and_a_gpu_state_in_the_background(tmp_path):
+    plugin = BackgroundCheckpointIO()
+    plugin.save_checkpoint({"w": torch.ones(2)}, tmp_path / "a.ckpt")
+    assert plugin.background is False and plugin._in_flight is None  # written already
+    assert torch.load(tmp_path / "a.ckpt", weights_only=True)["w"].sum() == 2
+    assert BackgroundCheckpointIO()._in_background({"w": torch.empty(2, device="meta")}) is False
+    if torch.cuda.is_available():
+        assert BackgroundCheckpointIO()._in_background({"w": torch.ones(2, device="cuda")})
 
 
 def test_the_snapshot_reuses_its_buffers_and_copies_what_could_change():
@@ -203,7 +220,7 @@ def test_a_failed_background_write_is_told_at_once_and_fails_the_run_at_the_end(
         raise SaveFailed(28, f"cannot save {path}: No space left on device")
 
     monkeypatch.setattr(checkpoint_io, "write_atomically", full_disk)
-    plugin = BackgroundCheckpointIO()
+    plugin = BackgroundCheckpointIO(background=True)
     plugin.save_checkpoint({"w": torch.ones(2)}, tmp_path / "last.ckpt")
     plugin.wait()
     assert "checkpoint write failed in the background" in caplog.text  # when it happened
@@ -222,7 +239,7 @@ def test_a_later_good_write_of_the_same_file_makes_the_failure_history(tmp_path,
         real(path, data)
 
     monkeypatch.setattr(checkpoint_io, "write_atomically", full_once)
-    plugin = BackgroundCheckpointIO()
+    plugin = BackgroundCheckpointIO(background=True)
     plugin.save_checkpoint({"step": 1}, tmp_path / "last.ckpt")
     plugin.save_checkpoint({"step": 2}, tmp_path / "last.ckpt")
     plugin.teardown()  # the file's newest save landed: nothing is missing
@@ -231,8 +248,11 @@ def test_a_later_good_write_of_the_same_file_makes_the_failure_history(tmp_path,
 
 # -- through the entry point ---------------------------------------------------------------
 
+# On a CPU the default config writes in place (the writer would take training's cores):
+# these runs force the background writer, as a GPU run gets it.
 RUN = ["fit", "--config", DEFAULT, "--config", DEBUG, "--trainer.max_epochs=3",
-       "--trainer.limit_train_batches=null"]  # fmt: skip
+       "--trainer.limit_train_batches=null",
+       "--trainer.plugins.init_args.background=true"]  # fmt: skip
 
 
 @pytest.mark.slow

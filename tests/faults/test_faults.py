@@ -142,15 +142,22 @@ def test_sigterm_saves_a_checkpoint_that_resumes_exactly(in_tmp, capsys):
     from tests.resume.test_resume import RUN, assert_same_training_state, fit, steps
 
     fit(in_tmp, "whole")
+    # Written as a GPU run writes them: in the background, and slowly, so the epoch-end
+    # saves (after step 4) are still in flight when the signal comes.
     result = run_entry_point(
         [*RUN, "--trainer.logger.init_args.name=split",
+         "--trainer.plugins.init_args.background=true",
+         "--trainer.callbacks+=tests.helpers.faults_probe.SlowCheckpointWrites",
+         "--trainer.callbacks.init_args.seconds=1",
          "--trainer.callbacks+=tests.helpers.faults_probe.RecordBatches",
          f"--trainer.callbacks.init_args.path={in_tmp / 'split.batches'}",
          "--trainer.callbacks+=tests.helpers.faults_probe.SignalAt",
          "--trainer.callbacks.init_args.step=5"],
         cwd=in_tmp,
     )  # fmt: skip
-    # The step the signal arrived in finished; the next check (after step 6) saved and stopped.
+    # The step the signal arrived in finished; the next check (after step 6) saved and
+    # stopped, once the writes in flight and its own had landed.
+    assert (in_tmp / "writing").exists(), "no write was slowed"
     last = _saved_and_stopped(result, in_tmp, step=6)
 
     capsys.readouterr()

@@ -62,10 +62,14 @@ def side_by_side() -> tuple[float, float, float]:
 
 
 def hand_count(model: nn.Module, x: torch.Tensor) -> float:
+    """Forward and backward FLOPs of the convolutions and linear layers from their shapes:
+    2 per multiply-add; the backward twice the forward (input and weight gradients), less
+    the first layer's input gradient (``x`` needs none)."""
     forward: list[float] = []
 
     def conv(m, inp, out):
-        forward.append(2.0 * out.numel() * m.kernel_size[0] * m.kernel_size[1] * m.in_channels)
+        k = m.kernel_size[0] * m.kernel_size[1] * m.in_channels // m.groups
+        forward.append(2.0 * out.numel() * k)
 
     def linear(m, inp, out):
         forward.append(2.0 * out.numel() * m.in_features)

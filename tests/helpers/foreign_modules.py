@@ -10,7 +10,8 @@ from __future__ import annotations
 import lightning.pytorch as pl
 import torch
 import torch.nn.functional as F
-from torch.utils.data import DataLoader, Dataset
+from lightning.pytorch.demos import LightningTransformer
+from torch.utils.data import DataLoader, Dataset, TensorDataset
 from torchmetrics.classification import MulticlassAccuracy
 
 
@@ -82,3 +83,22 @@ class FixedHeadClassifier(BlobClassifier):
 
     def __init__(self, outputs: int = 5, lr: float = 1e-2) -> None:
         super().__init__(num_classes=outputs, lr=lr)
+
+
+def tokens(seed: int, sequences: int = 64, length: int = 16, batch_size: int = 8) -> DataLoader:
+    """Random token sequences and the same shifted by one: the demo Transformer's pairs."""
+    x = torch.randint(0, 100, (sequences, length), generator=torch.Generator().manual_seed(seed))
+    return DataLoader(TensorDataset(x, torch.roll(x, -1, 1)), batch_size=batch_size)
+
+
+class SyntheticTransformer(LightningTransformer):
+    """Lightning's Transformer demo on synthetic tokens (its own data is downloaded)."""
+
+    def __init__(self) -> None:
+        super().__init__(vocab_size=100)
+
+    def prepare_data(self) -> None:
+        pass
+
+    def train_dataloader(self) -> DataLoader:
+        return tokens(0)

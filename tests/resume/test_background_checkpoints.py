@@ -330,19 +330,13 @@ def test_on_a_gpu_the_background_write_is_exact_and_the_loop_never_waits(tmp_pat
         tmp_path, "s{step}", every_n_train_steps=2, save_top_k=-1, auto_insert_metric_name=False
     )
     detector = SyncPointDetector(first_steps=1000)
-    trainer = pl_trainer_on_gpu(plugins=[plugin], callbacks=[saves, record, detector])
+    trainer = quiet_trainer(
+        accelerator="gpu", max_steps=10, plugins=[plugin], callbacks=[saves, record, detector],
+        enable_checkpointing=True,
+    )  # fmt: skip
     trainer.fit(Wide())
     assert plugin.background is True and plugin.snapshot.pinned
     assert _files_hold_the_state_at_their_save(tmp_path, record) == [True] * 5
     # the snapshot's copies are enqueued, not waited for: no sync at the saves' sites
     ours = ("checkpoint_io.py", "snapshot.py")
     assert not [s for s in detector.report["sites"] if s["filename"].endswith(ours)]
-
-
-def pl_trainer_on_gpu(**settings):
-    import lightning.pytorch as pl
-
-    return pl.Trainer(
-        accelerator="gpu", devices=1, max_steps=10, logger=False, enable_progress_bar=False,
-        enable_model_summary=False, **settings,
-    )  # fmt: skip

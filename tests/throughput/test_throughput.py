@@ -7,16 +7,15 @@ from __future__ import annotations
 import json
 import logging
 
-import lightning.pytorch as pl
 import pytest
 import torch
 from lightning.pytorch.callbacks import ThroughputMonitor as LightningThroughputMonitor
-from lightning.pytorch.demos import LightningTransformer
 from lightning.pytorch.demos.boring_classes import BoringModel, ManualOptimBoringModel
 from lightning.pytorch.loggers import CSVLogger
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from bench.throughput import hand_count
 from gpu_busy.callbacks import RunSummary, SyncPointDetector, ThroughputMonitor
 from gpu_busy.report.compare import gates
 from gpu_busy.report.files import RunFiles, write_report
@@ -31,6 +30,7 @@ from gpu_busy.throughput import (
     peak_flops,
 )
 from template.models.resnet import cifar_resnet
+from tests.helpers.foreign_modules import SyntheticTransformer
 from tests.helpers.scripted_gpu import ScriptedGPU
 from tests.helpers.trainers import quiet_trainer
 
@@ -99,31 +99,6 @@ def test_every_row_cites_its_source_and_holds_dense_tensor_figures():
 # -- FLOPs against hand counts ------------------------------------------------------------
 
 
-def _hand_count(model: nn.Module, x: torch.Tensor) -> float:
-    """Forward and backward FLOPs from the layers' shapes: 2 per multiply-add; backward
-    twice forward (input and weight gradients), less the first layer's input gradient
-    (the images need none)."""
-    forward: list[float] = []
-
-    def conv(m, inp, out):
-        k = m.kernel_size[0] * m.kernel_size[1] * m.in_channels // m.groups
-        forward.append(2.0 * out.numel() * k)
-
-    def linear(m, inp, out):
-        forward.append(2.0 * out.numel() * m.in_features)
-
-    hooks = [
-        m.register_forward_hook(conv if isinstance(m, nn.Conv2d) else linear)
-        for m in model.modules()
-        if isinstance(m, nn.Conv2d | nn.Linear)
-    ]
-    with torch.no_grad():
-        model(x)
-    for h in hooks:
-        h.remove()
-    return 3 * sum(forward) - forward[0]
-
-
 def _counted(model: nn.Module, x: torch.Tensor, loss=lambda y: y.sum()) -> int:
     count = FlopCount()
     out = count.around(model)(x)
@@ -133,7 +108,7 @@ def _counted(model: nn.Module, x: torch.Tensor, loss=lambda y: y.sum()) -> int:
 
 def test_the_counter_agrees_with_a_hand_count_of_the_example_resnet():
     net, x = cifar_resnet(num_classes=10, width=8), torch.randn(4, 3, 32, 32)
-    hand = _hand_count(net, x)
+    hand = hand_count(net, x)
     assert _counted(net, x) == pytest.approx(hand, rel=0.05)
 
 
@@ -419,32 +394,18 @@ def test_manual_optimisation_counts_its_backward_once():
     assert monitor.report["flops_per_batch"] == 2 * 2 * 32 * 2
 
 
-class Transformer(LightningTransformer):
-    """Lightning's demo on synthetic tokens (its own data is downloaded)."""
-
-    def __init__(self) -> None:
-        super().__init__(vocab_size=100)
-
-    def prepare_data(self) -> None:
-        pass
-
-    def train_dataloader(self) -> DataLoader:
-        x = torch.randint(0, 100, (32, 12), generator=torch.Generator().manual_seed(0))
-        return DataLoader(TensorDataset(x, torch.roll(x, -1, 1)), batch_size=4)
-
-
 def test_a_foreign_transformer_is_counted_and_given_flops_are_used():
     monitor = ThroughputMonitor(warmup_steps=1)
-    quiet_trainer(max_steps=4, callbacks=[monitor]).fit(Transformer())
+    quiet_trainer(max_steps=4, callbacks=[monitor]).fit(SyntheticTransformer())
     # its attention included: the CPU's fused kernel is counted (CPU_ATTENTION)
-    model, (x, y) = Transformer(), next(iter(Transformer().train_dataloader()))
+    model, (x, y) = SyntheticTransformer(), next(iter(SyntheticTransformer().train_dataloader()))
     count = FlopCount()
     count.around(lambda: model.training_step((x, y), 0).backward())()
     assert monitor.report["flops_per_batch"] == count.flops > 0
     assert "FlopCounterMode" in monitor.report["flops_counted"]
 
     given = ThroughputMonitor(warmup_steps=1, flops_per_batch=1e9, peak_tflops=1.0)
-    quiet_trainer(max_steps=4, callbacks=[given]).fit(Transformer())
+    quiet_trainer(max_steps=4, callbacks=[given]).fit(SyntheticTransformer())
     assert given.report["flops_counted"] == "given (flops_per_batch=)"
     assert given.report["mfu"] > 0
     assert given.report["mfu"] == pytest.approx(given.report["achieved_tflops"])  # of 1 TFLOP/s
@@ -470,11 +431,7 @@ def test_tokens_come_from_the_batch_when_it_says(tmp_path):
 def test_on_a_gpu_the_monitor_reads_memory_and_mfu_without_a_sync(tmp_path):
     detector = SyncPointDetector(strict=True, first_steps=1000)
     monitor = ThroughputMonitor(warmup_steps=2)
-    trainer = pl.Trainer(
-        accelerator="gpu", devices=1, max_steps=30, callbacks=[detector, monitor],
-        logger=False, enable_checkpointing=False, enable_progress_bar=False,
-    )  # fmt: skip
-    trainer.fit(Syncless())
+    quiet_trainer(accelerator="gpu", max_steps=30, callbacks=[detector, monitor]).fit(Syncless())
     report = monitor.report
     assert report["clock"] == "cuda events" and report["timed_steps"] > 0
     assert (
@@ -491,11 +448,9 @@ def test_on_a_gpu_the_monitor_reads_memory_and_mfu_without_a_sync(tmp_path):
 def test_on_a_gpu_lightnings_monitor_syncs_every_batch_and_ours_never(tmp_path):
     def steady_syncs(monitor) -> dict:
         detector = SyncPointDetector(first_steps=1000)
-        trainer = pl.Trainer(
-            accelerator="gpu", devices=1, max_steps=20, callbacks=[detector, monitor],
-            logger=False, enable_checkpointing=False, enable_progress_bar=False,
-        )  # fmt: skip
-        trainer.fit(Syncless())
+        quiet_trainer(accelerator="gpu", max_steps=20, callbacks=[detector, monitor]).fit(
+            Syncless()
+        )
         return detector.report
 
     theirs = steady_syncs(LightningThroughputMonitor(batch_size_fn=lambda b: len(b[0])))

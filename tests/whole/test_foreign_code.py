@@ -16,20 +16,19 @@ import lightning.pytorch as pl
 import pytest
 import torch
 import yaml
-from lightning.pytorch.demos import LightningTransformer
 from lightning.pytorch.demos.boring_classes import (
     BoringModel,
     ManualOptimBoringModel,
     RandomIterableDataset,
 )
 from lightning.pytorch.demos.lstm import LightningLSTM
-from torch.utils.data import DataLoader, Dataset, TensorDataset
+from torch.utils.data import DataLoader, Dataset
 
 from gpu_busy.callbacks import StreamPrefetcher, SyncPointDetector
 from gpu_busy.idle.causes import thresholds
 from gpu_busy.report.compare import main as compare_main
 from tests.conftest import DEFAULT, ROOT, run_entry_point
-from tests.helpers.foreign_modules import BlobClassifier, BlobData
+from tests.helpers.foreign_modules import BlobClassifier, BlobData, SyntheticTransformer, tokens
 from tests.helpers.trainers import quiet_trainer
 
 
@@ -103,28 +102,10 @@ def test_an_iterable_dataset_without_a_length(tmp_path, caplog, accelerator):
     assert steady_sites(detector) == [] and prefetcher.report["batches"] == 8
 
 
-def _tokens(seed: int) -> DataLoader:
-    x = torch.randint(0, 100, (64, 16), generator=torch.Generator().manual_seed(seed))
-    return DataLoader(TensorDataset(x, torch.roll(x, -1, 1)), batch_size=8)
-
-
-class Transformer(LightningTransformer):
-    """The demo on synthetic tokens (its own data is downloaded)."""
-
-    def __init__(self) -> None:
-        super().__init__(vocab_size=100)
-
-    def prepare_data(self) -> None:
-        pass
-
-    def train_dataloader(self) -> DataLoader:
-        return _tokens(0)
-
-
 def test_the_transformer_demo_copies_its_mask_to_the_device_every_step(
     tmp_path, caplog, accelerator
 ):
-    detector, _, _ = fit(tmp_path, Transformer(), caplog=caplog, accelerator=accelerator)
+    detector, _, _ = fit(tmp_path, SyntheticTransformer(), caplog=caplog, accelerator=accelerator)
     sites = {(s.op.split(" ")[0], s.code) for s in steady_sites(detector)}
     # Its forward builds the causal mask on the host and copies it over, blocking, and
     # nn.Transformer checks whether that mask is causal with bool(tensor).
@@ -146,7 +127,7 @@ class LSTM(LightningLSTM):
         pass
 
     def train_dataloader(self) -> DataLoader:
-        return _tokens(1)
+        return tokens(1)
 
 
 def test_the_lstm_demo_reads_its_prog_bar_loss_every_step(tmp_path, caplog, accelerator):

@@ -319,6 +319,6 @@ def test_layers_mechanisms_import_no_lightning_nor_the_report_layer_and_nothing_
 
 
 MECHANISMS = (
-    "idle", "syncs", "faults", "resume", "prefetch", "batch_routing", "window_sums",
-    "event_pool", "cuda_sync_warnings",
+    "idle", "syncs", "throughput", "faults", "resume", "prefetch", "batch_routing",
+    "window_sums", "event_pool", "cuda_sync_warnings",
 )  # fmt: skip

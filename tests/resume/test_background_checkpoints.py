@@ -193,7 +193,7 @@ def test_one_write_at_a_time_and_the_loop_is_held_only_for_the_snapshot(tmp_path
 def test_by_default_a_cpu_run_writes_in_place_and_a_gpu_state_in_the_background(tmp_path):
     plugin = BackgroundCheckpointIO()
     plugin.save_checkpoint({"w": torch.ones(2)}, tmp_path / "a.ckpt")
-    assert plugin.background is False and plugin._in_flight is None  # written already
+    assert plugin.in_background is False and plugin._in_flight is None  # written already
     assert torch.load(tmp_path / "a.ckpt", weights_only=True)["w"].sum() == 2
     assert BackgroundCheckpointIO()._in_background({"w": torch.empty(2, device="meta")}) is False
     if torch.cuda.is_available():
@@ -335,7 +335,7 @@ def test_on_a_gpu_the_background_write_is_exact_and_the_loop_never_waits(tmp_pat
         enable_checkpointing=True,
     )  # fmt: skip
     trainer.fit(Wide())
-    assert plugin.background is True and plugin.snapshot.pinned
+    assert plugin.in_background is True and plugin.snapshot.pinned
     assert _files_hold_the_state_at_their_save(tmp_path, record) == [True] * 5
     # the snapshot's copies are enqueued, not waited for: no sync at the saves' sites
     ours = ("checkpoint_io.py", "snapshot.py")

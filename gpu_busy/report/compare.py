@@ -32,7 +32,7 @@ from gpu_busy.report.verdict import decide
 def rows() -> list[tuple[str, str, tuple[str, ...], str]]:
     """(label, file, path to the figure, unit) of each row of the table."""
     return [
-        ("samples/s, steady (device clock)", "throughput", ("samples_per_s",), ""),
+        ("samples/s, steady", "throughput", ("samples_per_s",), ""),
         ("tokens/s, steady", "throughput", ("tokens_per_s",), ""),
         ("MFU (a fraction of the peak)", "throughput", ("mfu",), ""),
         ("peak memory allocated", "throughput", ("peak_allocated_gib",), " GiB"),

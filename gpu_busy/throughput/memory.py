@@ -8,6 +8,8 @@ behaviour"). Each step starts with a reset and ends with a read: the step's peak
 allocated memory (tensors) and of reserved memory (what the allocator holds from the
 driver). Reserved far above allocated is memory cached in blocks the next allocation
 cannot use, fragmentation, which ``expandable_segments`` reduces. Off CUDA: no figures.
+The reset is the allocator's own: anyone else's ``max_memory_allocated()`` reads one step's
+peak while this runs.
 
 Example::
 

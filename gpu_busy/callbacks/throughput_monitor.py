@@ -80,14 +80,13 @@ class ThroughputMonitor(pl.Callback):
         self._counted_samples: int | None = None
         self._wrapped: pl.LightningModule | None = None
         self._batches = 0
-        self._stats = ThroughputStats()  # read back since the last logging step
-        self._total = ThroughputStats()
+        self._total = ThroughputStats()  # read back over the fit
         self._run_dir = None
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         device = trainer.strategy.root_device
         self._spans, self._memory = StepSpans(device), MemoryPeaks(device)
-        self._stats, self._total, self._batches = ThroughputStats(), ThroughputStats(), 0
+        self._total, self._batches = ThroughputStats(), 0
         self._count = FlopCount() if self.flops_per_batch is None else None
         self._counted_samples = None
         self._run_dir = run_dir(trainer)

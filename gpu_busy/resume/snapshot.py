@@ -66,12 +66,18 @@ class StateSnapshot:
         Call ``take`` again only after the previous snapshot was written."""
         count = 0
         on_device: dict[torch.device, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+        seen: dict[tuple, torch.Tensor] = {}  # one buffer per view, as torch.save keeps one
 
         def walk(x: Any) -> Any:
             nonlocal count
             if isinstance(x, torch.Tensor):
+                if x.layout != torch.strided:  # sparse and the like: a plain copy, at once
+                    return x.detach().to("cpu", copy=True)
+                view = (x.device, x.data_ptr(), x.dtype, tuple(x.shape), x.stride())
+                if view in seen:  # tied weights: the same memory under two names
+                    return seen[view]
                 device = self._on_device(x)
-                buffer = self._buffer(count, x, pinned=device)
+                buffer = seen[view] = self._buffer(count, x, pinned=device)
                 count += 1
                 if device:
                     on_device.setdefault(x.device, []).append((buffer, x))

@@ -213,6 +213,10 @@ def test_the_snapshot_reuses_its_buffers_and_copies_what_could_change():
     second, _ = snapshot.take(state)
     assert second["t"] is buffer  # the same layout: the same host buffer
     assert snapshot.bytes == 16
+    tied = torch.ones(3)
+    third, _ = snapshot.take({"embedding": tied, "head": tied.detach(), "t": torch.ones(4)})
+    assert third["embedding"] is third["head"]  # one memory, one buffer: as torch.save keeps
+    assert snapshot.bytes == 12 + 16
 
 
 def test_a_failed_background_write_is_told_at_once_and_fails_the_run_at_the_end(

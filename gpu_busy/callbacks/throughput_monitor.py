@@ -102,12 +102,13 @@ class ThroughputMonitor(pl.Callback):
         if self._spans is None or self._memory is None:
             return
         self._memory.step_ended()
+        samples = _batch_size(batch)
         if self._batches == 0 and self._count is not None:
             self._unwrap()
-            self._counted_samples = _batch_size(batch)
+            self._counted_samples = samples
         if self._batches < self.warmup_steps or self._batches == 0:
             self._spans.break_span()  # start-up, or the counted step: not in the figures
-        self._spans.step_ended(_batch_size(batch), self.tokens(batch))
+        self._spans.step_ended(samples, self.tokens(batch))
         self._batches += 1
         if compat.is_logging_step(trainer):
             self._spans.cut()
@@ -143,7 +144,6 @@ class ThroughputMonitor(pl.Callback):
         self._total.add(self._spans.done.take())
         self._memory.take_window()
         rows = gather_rows(trainer, self._total.as_list() + self._memory.total.as_list())
-        untimed = gather_rows(trainer, [float(self._spans.untimed_steps)])
         if not trainer.is_global_zero:
             return
         n = len(self._total.as_list())
@@ -159,7 +159,6 @@ class ThroughputMonitor(pl.Callback):
             precision=precision,
             clock=self._spans.clock,
             warmup_steps=self.warmup_steps,
-            untimed_steps=int(sum(r[0] for r in untimed)),
         )
         publish(trainer, "throughput", self.report, lines, self._run_dir)
 

@@ -4,7 +4,7 @@ Example::
 
     report, lines = end_of_fit(ranks, memory, flops=Flops(1.2e12, 32, "counted ..."),
                                peak=peak_flops(name, "bf16"), clock="cuda events", ...)
-    headline(report)   # "2,410 samples/s, MFU 41.2% (bf16 peak of H100 SXM ...)"
+    headline(report)   # "throughput: 2,410 samples/s; MFU 41.2% (... of 990 TFLOP/s per device)"
 """
 
 from __future__ import annotations
@@ -38,7 +38,6 @@ def end_of_fit(
     precision: str | None,
     clock: str,
     warmup_steps: int,
-    untimed_steps: int = 0,
 ) -> tuple[ThroughputReport, list[str]]:
     """``ranks`` and ``memory`` hold each rank's sums over the fit, in rank order."""
     per_rank = []
@@ -52,7 +51,7 @@ def end_of_fit(
                 **rates,
                 "achieved_tflops": achieved / 1e12 if achieved is not None else None,
                 "mfu": achieved / peak.flops if achieved is not None and peak.flops else None,
-                **(mem.gib() if device != "cpu" else MemoryStats().gib()),
+                **mem.gib(),  # None where no step was measured (off CUDA)
             }
         )
     report: ThroughputReport = {
@@ -60,7 +59,7 @@ def end_of_fit(
         "world_size": len(ranks),
         "warmup_steps": warmup_steps,
         "timed_steps": min((r["timed_steps"] for r in per_rank), default=0),
-        "untimed_steps": untimed_steps,
+        "untimed_steps": sum(s.untimed_steps for s in ranks),
         "device": device,
         "precision": precision,
         "samples_per_s": _total(per_rank, "samples_per_s"),

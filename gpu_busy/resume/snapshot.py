@@ -58,7 +58,7 @@ class StateSnapshot:
 
     @property
     def pinned(self) -> bool:
-        return any(b.is_pinned() for b in self._buffers) if torch.cuda.is_available() else False
+        return self._cuda.is_available() and any(b.is_pinned() for b in self._buffers)
 
     def take(self, checkpoint: Any) -> tuple[Any, Callable[[], None]]:
         """The checkpoint with every tensor in a host buffer and every mutable leaf copied;

@@ -42,6 +42,7 @@ class ThroughputStats(WindowSums):
     tokens: int = 0
     unsized_steps: int = 0  # steps whose batch had no size Lightning could find
     untokened_steps: int = 0  # steps whose batch did not say how many tokens it held
+    untimed_steps: int = 0  # steps lost because the event pool ran dry
 
     def rates(self) -> dict[str, float | None]:
         """samples/s, tokens/s and steps/s over the timed spans; None where unknown."""
@@ -73,7 +74,6 @@ class StepSpans:
         self._segment = ThroughputStats()
         self._pending: deque[tuple[Any, Any, ThroughputStats]] = deque()
         self.done = ThroughputStats()  # segments read back, not yet taken
-        self.untimed_steps = 0  # steps lost because the pool ran dry
 
     def step_ended(self, samples: int | None, tokens: int | None = None) -> None:
         """At a step's end; ``samples`` / ``tokens`` None where the batch does not say."""
@@ -102,7 +102,7 @@ class StepSpans:
         """The coming gap is not between two steps: end the span at the last step's end."""
         self.cut()
         if self._segment.steps:  # could not be cut: its steps go untimed
-            self.untimed_steps += self._segment.take().steps
+            self.done.untimed_steps += self._segment.take().steps
         if self._open is not None:
             self._pool.release(self._open)
         self._open = None

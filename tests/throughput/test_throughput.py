@@ -187,7 +187,7 @@ def test_a_dry_pool_keeps_counting_and_says_what_went_untimed(gpu):
     gpu.times = [5.0]
     spans.cut()  # needs two events, has none: the segment goes on
     spans.break_span()
-    assert spans.untimed_steps == 1 and spans.done.steps == 0 and gpu.in_use == 0
+    assert spans.done.untimed_steps == 1 and spans.done.steps == 0 and gpu.in_use == 0
 
 
 def test_steps_without_a_size_or_tokens_make_those_rates_na():

@@ -106,3 +106,50 @@ class HostEventPool:
 
     def release(self, *events: Any) -> None:
         pass
+
+
+class LateRead:
+    """Device values brought to the host without a wait: copied at one point, read later.
+
+    ``put`` starts a ``non_blocking`` copy into pinned host memory (CUDA allocates the
+    destination pinned for a ``non_blocking`` move to the CPU) and records an event after
+    it; ``take`` returns the values once that event has completed, by then at no cost. One
+    copy in flight: a ``put`` replaces the one not yet taken. Off CUDA the copy is plain.
+
+    Example::
+
+        late = LateRead()
+        late.put(torch.stack([loss, flag]))   # at a logging step: queued, nothing waits
+        ...
+        late.take(wait=False)                 # [loss, flag] once copied, else None
+        late.take()                           # waits if the copy is still running
+    """
+
+    def __init__(self) -> None:
+        self._host: torch.Tensor | None = None
+        self._event: torch.cuda.Event | None = None
+        self._recorded = False
+
+    @property
+    def pending(self) -> bool:
+        return self._host is not None
+
+    def put(self, values: torch.Tensor) -> None:
+        self._host = values.detach().to("cpu", non_blocking=True)
+        self._recorded = values.is_cuda
+        if self._recorded:
+            if self._event is None:
+                self._event = cuda_event()
+            self._event.record(torch.cuda.current_stream(values.device))
+
+    def take(self, wait: bool = True) -> list | None:
+        """The values of the last ``put`` (None if none is pending, or, with ``wait=False``,
+        while its copy is still running)."""
+        if self._host is None:
+            return None
+        if self._recorded and not self._event.query():
+            if not wait:
+                return None
+            self._event.synchronize()  # a copy queued a window ago: the rare case
+        host, self._host = self._host, None
+        return host.tolist()

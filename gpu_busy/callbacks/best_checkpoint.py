@@ -15,12 +15,13 @@ from __future__ import annotations
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import ModelCheckpoint
 
+from gpu_busy import lightning_compat as compat
 from gpu_busy.log import get_logger
 
 log = get_logger(__name__)
 
 
-class BestCheckpoint(ModelCheckpoint):
+class BestCheckpoint(ModelCheckpoint, compat.Callback):
     """``ModelCheckpoint`` that skips its saves while ``monitor`` has not been logged."""
 
     _warned = False
@@ -30,33 +31,26 @@ class BestCheckpoint(ModelCheckpoint):
         super().setup(trainer, pl_module, stage)
         self._validated = False
 
-    def _logged(self, trainer: pl.Trainer) -> bool:
-        if self.monitor is None or self.monitor in trainer.callback_metrics:
-            return True
-        # A metric logged in validation only (the usual case) is missing until the first
-        # validation: say nothing before one has run, where the fit validates at all.
-        if not self._warned and (self._validated or not trainer.enable_validation):
-            self._warned = True
-            log.warning(
-                "no best checkpoint: the model never logged %r (the monitor of the best "
-                "checkpoint in the config); log it with self.log or change the monitor. "
-                "Other checkpoints (last.ckpt) are written as usual",
-                self.monitor,
-            )
-        return False
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if self._logged(trainer):
-            super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
-
-    def on_train_epoch_end(self, trainer, pl_module) -> None:
-        if self._logged(trainer):
-            super().on_train_epoch_end(trainer, pl_module)
-
     def on_validation_end(self, trainer, pl_module) -> None:
-        if trainer.sanity_checking:
-            super().on_validation_end(trainer, pl_module)
+        if not trainer.sanity_checking:
+            self._validated = True
+        super().on_validation_end(trainer, pl_module)
+
+    def _save_topk_checkpoint(self, trainer: pl.Trainer, monitor_candidates: dict) -> None:
+        # Private: ModelCheckpoint._save_topk_checkpoint (Lightning 2.0 to 2.6), where a due
+        # save first looks for the monitor among the metrics it read (and raises when it is
+        # missing after a validation). Checked here, at saves only: reading
+        # trainer.callback_metrics at every batch would convert each prog_bar metric there.
+        if self.monitor is not None and self.monitor not in monitor_candidates:
+            # A metric logged in validation only (the usual case) is missing until the first
+            # validation: say nothing before one has run, where the fit validates at all.
+            if not self._warned and (self._validated or not trainer.enable_validation):
+                self._warned = True
+                log.warning(
+                    "no best checkpoint: the model never logged %r (the monitor of the best "
+                    "checkpoint in the config); log it with self.log or change the monitor. "
+                    "Other checkpoints (last.ckpt) are written as usual",
+                    self.monitor,
+                )
             return
-        self._validated = True
-        if self._logged(trainer):
-            super().on_validation_end(trainer, pl_module)
+        super()._save_topk_checkpoint(trainer, monitor_candidates)

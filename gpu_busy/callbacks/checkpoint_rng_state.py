@@ -16,6 +16,7 @@ from __future__ import annotations
 import lightning.pytorch as pl
 import torch
 
+from gpu_busy import lightning_compat as compat
 from gpu_busy.log import get_logger
 from gpu_busy.resume.rng_state import capture_rng_state, restore_rng_state
 from gpu_busy.syncs import allow_syncs
@@ -23,7 +24,7 @@ from gpu_busy.syncs import allow_syncs
 log = get_logger(__name__)
 
 
-class CheckpointRngState(pl.Callback):
+class CheckpointRngState(compat.Callback):
     """Save each rank's generator states with every checkpoint; restore them on resume."""
 
     def __init__(self) -> None:

@@ -47,7 +47,7 @@ from gpu_busy.report import idle as idle_report
 log = get_logger(__name__)
 
 
-class IdleTimeMonitor(pl.Callback):
+class IdleTimeMonitor(compat.Callback):
     """Per-step GPU idle time with its causes, exact profiler windows, one report.
 
     Args:
@@ -247,7 +247,7 @@ class IdleTimeMonitor(pl.Callback):
         self._layer.remove()
 
 
-class _StepEnd(pl.Callback):
+class _StepEnd(compat.Callback):
     """First in the callback list: marks the end of the training step, and closes the
     sync marks before any other callback's validation or epoch-end hook runs."""
 
@@ -265,7 +265,7 @@ class _StepEnd(pl.Callback):
         self.monitor._close_marks()
 
 
-class _StepStart(pl.Callback):
+class _StepStart(compat.Callback):
     """Last in the callback list: marks the start of the training step, and the point where
     every callback's ``on_train_batch_end`` has run (what they enqueued is not idle)."""
 

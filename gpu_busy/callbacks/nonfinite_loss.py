@@ -1,10 +1,12 @@
 """StopOnNonFiniteLoss: stop at the first NaN or Inf loss, without a per-step sync.
 
-Each step adds one comparison to the device (``isfinite`` and a ``where`` on the step
-counter); nothing is read back. The flag is read, and reduced over ranks so every rank
-stops together, only where a read happens anyway: at logging steps, before validation,
-and at the end of each epoch, which is before ``ModelCheckpoint`` saves (Lightning runs
-checkpoint callbacks last). So a checkpoint is never written from non-finite weights:
+Each step keeps a reference to the loss (``gpu_busy.faults.nonfinite``); the losses are
+checked on the device in batches, and nothing is read back in a step. At a logging step
+the first bad index, gathered over ranks, starts a copy to the host that nothing waits for;
+the next logging step reads it (``LateRead``), so every rank stops at the same check. Where
+a wait costs nothing new, the flag is read at once: before validation, at the end of each
+epoch, which is before ``ModelCheckpoint`` saves (Lightning runs checkpoint callbacks
+last), and at any other save. So a checkpoint is never written from non-finite weights:
 the last good one stays where it was, and the run ends with one line naming the step.
 
 Example::
@@ -22,20 +24,22 @@ import lightning.pytorch as pl
 import torch
 
 from gpu_busy import lightning_compat as compat
+from gpu_busy.event_pool import LateRead
 from gpu_busy.faults.nonfinite import FirstNonFinite
 from gpu_busy.faults.training_stopped import TrainingStopped
 from gpu_busy.syncs import allow_syncs
 
 
-class StopOnNonFiniteLoss(pl.Callback):
+class StopOnNonFiniteLoss(compat.Callback):
     """Raise ``TrainingStopped`` at the first check after a NaN or Inf training loss."""
 
     def __init__(self) -> None:
         self.watch = FirstNonFinite()
+        self._late = LateRead()  # the flag over ranks, on its way to the host
         self._start_step = 0
 
     def on_train_start(self, trainer, pl_module) -> None:
-        self.watch = FirstNonFinite()
+        self.watch, self._late = FirstNonFinite(), LateRead()
         self._start_step = trainer.global_step
 
     def on_before_backward(self, trainer, pl_module, loss: torch.Tensor) -> None:
@@ -43,7 +47,10 @@ class StopOnNonFiniteLoss(pl.Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if compat.is_logging_step(trainer):
-            self._check(trainer)
+            self._stop_if_bad(trainer, self._late.take())  # what the last logging step sent
+            first = self.watch.first_tensor()
+            if first is not None:
+                self._late.put(self._over_ranks(trainer, first))
 
     def on_validation_start(self, trainer, pl_module) -> None:
         if trainer.state.fn == "fit":
@@ -59,14 +66,25 @@ class StopOnNonFiniteLoss(pl.Callback):
             self._check(trainer)
 
     def _check(self, trainer: pl.Trainer) -> None:
+        self._late.take()  # the flag read now is newer
         first = self.watch.first_tensor()
         if first is None:
             return
-        with allow_syncs("StopOnNonFiniteLoss reads its NaN/Inf flag at logging steps"):
-            rows = [int(first.item())]
-            if trainer.world_size > 1:  # every rank asks: every rank stops at the same check
-                rows = trainer.strategy.all_gather(first).reshape(-1).tolist()
-        bad = [(index, rank) for rank, index in enumerate(rows) if index >= 0]
+        with allow_syncs("StopOnNonFiniteLoss reads its NaN/Inf flag where the loop waits anyway"):
+            rows = self._over_ranks(trainer, first).tolist()
+        self._stop_if_bad(trainer, rows)
+
+    @staticmethod
+    def _over_ranks(trainer: pl.Trainer, first: torch.Tensor) -> torch.Tensor:
+        # every rank asks: every rank stops at the same check
+        return (
+            trainer.strategy.all_gather(first).reshape(-1)
+            if trainer.world_size > 1
+            else first[None]
+        )
+
+    def _stop_if_bad(self, trainer: pl.Trainer, rows: list[int] | None) -> None:
+        bad = [(index, rank) for rank, index in enumerate(rows or []) if index >= 0]
         if not bad:
             return
         index, rank = min(bad)

@@ -2,8 +2,11 @@
 
 Lightning converts every ``prog_bar=True`` metric to a number after *every* training step
 (an ``.item()``, a host-device sync, per metric per step). Log training metrics without
-``prog_bar`` and this bar shows them, read from ``trainer.callback_metrics`` at logging
-steps (read back there anyway), in validation and at epoch ends.
+``prog_bar`` and this bar shows them: at each logging step the values in
+``trainer.callback_metrics`` start one copy to the host that nothing waits for
+(``LateRead``), shown at the first refresh after it landed (on a GPU, the refresh after
+the logging step; on a CPU, at once). In validation and at epoch ends, where the loop has
+waited anyway, they are read directly.
 
 Example::
 
@@ -15,14 +18,16 @@ from __future__ import annotations
 
 import math
 
+import torch
 from lightning.pytorch.callbacks import TQDMProgressBar
 from torch import Tensor
 
 from gpu_busy import lightning_compat as compat
+from gpu_busy.event_pool import LateRead
 from gpu_busy.syncs import allow_syncs
 
 
-class LoggingStepProgressBar(TQDMProgressBar):
+class LoggingStepProgressBar(TQDMProgressBar, compat.Callback):
     """``TQDMProgressBar`` that shows logged metrics, read only where reading costs nothing new.
 
     Args:
@@ -38,30 +43,67 @@ class LoggingStepProgressBar(TQDMProgressBar):
         super().__init__(refresh_rate=refresh_rate, leave=leave)
         self.metrics = metrics
         self._shown: dict[str, float] = {}
+        self._late = LateRead()  # the last logging step's values, on their way to the host
+        self._sent: list[str] = []  # their names
+        self._sent_now: dict[str, float] = {}  # what it logged as numbers or host tensors
 
     def get_metrics(self, trainer, pl_module) -> dict:
-        in_training_step = trainer.training and not trainer.sanity_checking
-        if not in_training_step or compat.is_logging_step(trainer):
+        if not trainer.training or trainer.sanity_checking:
             self._shown = self._read(trainer)
+        elif (values := self._late.take(wait=False)) is not None:
+            self._shown = _finite({**self._sent_now, **dict(zip(self._sent, values, strict=True))})
         # super(): the version number and any prog_bar metric (Lightning converts those)
         return {**super().get_metrics(trainer, pl_module), **self._shown}
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if compat.is_logging_step(trainer):
+            self._send(trainer)
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:
         # Once per epoch: shows the epoch-level values (on_epoch=True) Lightning just reduced.
         self._shown = self._read(trainer)
         super().on_train_epoch_end(trainer, pl_module)
 
+    def _wanted(self, trainer) -> list[tuple[str, object]]:
+        return [
+            (name, value)
+            for name, value in trainer.callback_metrics.items()
+            if (
+                name in self.metrics if self.metrics is not None else not name.endswith(_DUPLICATES)
+            )
+            and (not isinstance(value, Tensor) or value.numel() == 1)
+        ]
+
+    def _send(self, trainer) -> None:
+        """The device's values in one copy to the host, not waited for; the rest (numbers,
+        host tensors) as they are."""
+        device = trainer.strategy.root_device
+        names, values, now = [], [], {}
+        for name, value in self._wanted(trainer):
+            if isinstance(value, Tensor) and value.device == device:
+                names.append(name)
+                values.append(value.detach().reshape(()).float())
+            elif isinstance(value, Tensor) and value.device.type == "cpu":
+                now[name] = value.detach().reshape(()).float().tolist()
+            elif isinstance(value, (int, float)):
+                now[name] = value
+        self._sent, self._sent_now = names, now
+        if values:
+            self._late.put(torch.stack(values))
+        else:
+            self._shown = _finite(now)
+
     def _read(self, trainer) -> dict[str, float]:
         shown = {}
-        for name, value in trainer.callback_metrics.items():
-            if self.metrics is None:
-                if name.endswith(("_step", "_epoch")):
-                    continue
-            elif name not in self.metrics:
-                continue
-            if isinstance(value, Tensor) and value.numel() == 1:
-                with allow_syncs("LoggingStepProgressBar reads logged metrics at logging steps"):
-                    value = value.item()
-            if isinstance(value, (int, float)) and math.isfinite(value):
-                shown[name] = value
-        return shown
+        with allow_syncs("LoggingStepProgressBar reads logged metrics after validation"):
+            for name, value in self._wanted(trainer):
+                shown[name] = value.item() if isinstance(value, Tensor) else value
+        return _finite(shown)
+
+
+_DUPLICATES = ("_step", "_epoch")
+
+
+def _finite(values: dict) -> dict[str, float]:
+    return {k: v for k, v in values.items() if isinstance(v, (int, float)) and math.isfinite(v)}

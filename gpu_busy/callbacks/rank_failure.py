@@ -33,7 +33,7 @@ from gpu_busy.log import get_logger
 log = get_logger(__name__)
 
 
-class StopOnRankFailure(pl.Callback):
+class StopOnRankFailure(compat.Callback):
     """Under DDP, turn one rank's failure into a prompt, explained exit of every rank.
 
     Args:

@@ -26,6 +26,7 @@ from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities.data import extract_batch_size
 
+from gpu_busy import lightning_compat as compat
 from gpu_busy.callbacks.ranks import gather_rows, publish, run_dir
 from gpu_busy.log import get_logger
 from gpu_busy.report import run as run_report
@@ -34,7 +35,7 @@ from gpu_busy.report.held import HeldReports
 log = get_logger(__name__)
 
 
-class RunSummary(pl.Callback):
+class RunSummary(compat.Callback):
     """Logs where the run lives at the start of fit and what it achieved at the end."""
 
     def __init__(self) -> None:

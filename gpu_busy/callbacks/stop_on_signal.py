@@ -34,7 +34,7 @@ from gpu_busy.syncs import allow_syncs
 log = get_logger(__name__)
 
 
-class StopOnSignal(pl.Callback):
+class StopOnSignal(compat.Callback):
     """Save ``last.ckpt`` and stop (all ranks at the same step) on SIGTERM or SIGINT.
 
     Args:

@@ -38,7 +38,7 @@ log = get_logger(__name__)
 _TRANSFER_HOOKS = ("on_before_batch_transfer", "transfer_batch_to_device")
 
 
-class StreamPrefetcher(pl.Callback):
+class StreamPrefetcher(compat.Callback):
     """Overlap host-to-device copies with compute by copying ``depth`` batches ahead.
 
     Args:

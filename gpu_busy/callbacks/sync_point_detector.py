@@ -43,7 +43,7 @@ log = get_logger(__name__)
 _MAX_ROWS = 64  # per-step counts sent per logging window (a fixed size for all_gather)
 
 
-class SyncPointDetector(pl.Callback):
+class SyncPointDetector(compat.Callback):
     """Watch a sample of training steps for host-device syncs and report their lines.
 
     Args:

@@ -42,7 +42,7 @@ from gpu_busy.throughput import (
 _COUNTED_HOOKS = ("training_step", "backward")
 
 
-class ThroughputMonitor(pl.Callback):
+class ThroughputMonitor(compat.Callback):
     """Throughput per rank and in total, MFU and peak memory, measured without a sync.
 
     Args:

@@ -14,11 +14,15 @@ from tests.conftest import DEBUG, DEFAULT, cli_main
 
 
 def test_first_non_finite_update_is_recorded_on_the_device_without_syncs():
-    watch = FirstNonFinite()
-    values = [1.0, 2.0, math.nan, 3.0, math.inf]
-    for v in values:
-        assert_no_syncs(watch.update, torch.tensor(v), device_type="cpu")
-    assert watch.first() == 2
+    for fold_every in (64, 2, 1):  # checked at the read, across batches of checks, each time
+        watch = FirstNonFinite(fold_every=fold_every)
+        values = [1.0, 2.0, 4.0, math.nan, 3.0, math.inf]
+        for v in values:
+            assert_no_syncs(watch.update, torch.tensor(v), device_type="cpu")
+        assert_no_syncs(watch.first_tensor, device_type="cpu")
+        assert watch.first() == 3, fold_every
+        watch.update(torch.tensor(math.nan))
+        assert watch.first() == 3  # the first stays the first
     clean = FirstNonFinite()
     clean.update(torch.tensor(1.0))
     assert clean.first() is None and FirstNonFinite().first() is None

@@ -1,0 +1,349 @@
+"""Host cost: what the default config's callbacks and plugin add to each step, on the CPU.
+
+    python -m bench.host [--out DIR] [--steps 400] [--repeats 7]
+
+The host's work per step is the same work on a GPU machine, so it is measured here, on a
+model whose step is one ``nn.Linear`` on 8 features: the loop's host work and nothing
+else. Every callback and plugin that ``configs/default.yaml`` lists is built from it.
+
+- **Loop.** Three kinds of fit, interleaved ``--repeats`` times so drift hits all alike:
+  ``plain`` PyTorch (the same model, DataLoader and optimizer, no Lightning),
+  ``lightning`` (a bare Trainer: the same CSV logger, no bar, no checkpoints) and
+  ``template`` (the bare Trainer plus the default callbacks and plugin). Each fit's step
+  is the median host time from one step's end to the next, after 20 steps. Lightning's
+  own cost is ``lightning - plain``; ours is ``template - lightning``, per repeat, with
+  the spread. The goal: ours at most 10% of the bare Lightning step.
+- **Per callback.** One more fit with the callbacks, their hooks (and the plugin's save)
+  each timed, exclusive of the hooks they call: ms per steady step, per logging step and
+  per save, and once per fit (set-up, epoch ends, reports). What the hooks do not explain
+  (routing layers, wrappers) is the loop's cost less their steady-step sum.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import importlib
+import logging
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+import yaml
+from lightning.pytorch.loggers import CSVLogger
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from bench.results import machine, save
+from gpu_busy import lightning_compat as compat
+
+CONFIG = Path(__file__).resolve().parent.parent / "configs" / "default.yaml"
+FEATURES, BATCH, LOG_EVERY, SKIP = 8, 8, 20, 20
+# Hooks Lightning calls on callbacks, and the calls it makes on them directly at a save.
+TIMED = (
+    *(n for n in dir(pl.Callback) if n.startswith("on_") or n in ("setup", "teardown")),
+    "state_dict",
+)
+TRAIN_BATCH_HOOKS = {n for n in compat.BATCH_HOOKS if "_validation_" not in n and "_test_" not in n
+                     and "_predict_" not in n}  # fmt: skip
+
+
+class NearFree(pl.LightningModule):
+    """One linear layer: the step costs the loop's host work and almost nothing else."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.Linear(FEATURES, 2)
+
+    def training_step(self, batch, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        loss = nn.functional.cross_entropy(self.layer(x), y)
+        self.log("train/loss", loss)  # converted at logging steps only
+        return loss
+
+    def validation_step(self, batch, batch_idx: int) -> None:
+        x, y = batch
+        self.log("val/acc", (self.layer(x).argmax(1) == y).float().mean())
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+def _loader(steps: int, seed: int = 0) -> DataLoader:
+    g = torch.Generator().manual_seed(seed)
+    n = steps * BATCH
+    data = TensorDataset(
+        torch.randn(n, FEATURES, generator=g), torch.randint(0, 2, (n,), generator=g)
+    )
+    return DataLoader(data, batch_size=BATCH)
+
+
+def default_config_parts() -> tuple[list[pl.Callback], list[Any]]:
+    """The callbacks and plugins ``configs/default.yaml`` lists, built from it."""
+    trainer = yaml.safe_load(CONFIG.read_text())["trainer"]
+
+    def build(spec: dict) -> Any:
+        module, _, name = spec["class_path"].rpartition(".")
+        return getattr(importlib.import_module(module), name)(**spec.get("init_args", {}))
+
+    return [build(c) for c in trainer["callbacks"]], [build(p) for p in trainer["plugins"]]
+
+
+class _StepEnds(pl.Callback):
+    def __init__(self) -> None:
+        self.ends: list[float] = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self.ends.append(time.perf_counter())
+
+    def median_ms(self) -> float:
+        ends = self.ends[SKIP:]
+        return statistics.median(1e3 * (b - a) for a, b in zip(ends, ends[1:], strict=False))
+
+
+def _trainer(folder: str, steps: int, callbacks: list, plugins: list | None, **kw) -> pl.Trainer:
+    return pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_steps=steps,
+        log_every_n_steps=LOG_EVERY,
+        logger=CSVLogger(folder),
+        enable_checkpointing=plugins is not None,
+        enable_progress_bar=plugins is not None,
+        enable_model_summary=False,
+        callbacks=callbacks,
+        plugins=plugins,
+        **kw,
+    )
+
+
+def lightning_step_ms(steps: int, template: bool, folder: str) -> float:
+    clock = _StepEnds()
+    callbacks, plugins = default_config_parts() if template else ([], None)
+    trainer = _trainer(folder, steps, [clock, *callbacks], plugins, limit_val_batches=0)
+    torch.manual_seed(0)
+    trainer.fit(NearFree(), _loader(steps))
+    return clock.median_ms()
+
+
+def plain_step_ms(steps: int) -> float:
+    """The same model, data and optimizer in a plain PyTorch loop."""
+    torch.manual_seed(0)
+    model = NearFree()
+    optimizer = model.configure_optimizers()
+    ends = []
+    for x, y in _loader(steps):
+        loss = nn.functional.cross_entropy(model.layer(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        ends.append(time.perf_counter())
+    ends = ends[SKIP:]
+    return statistics.median(1e3 * (b - a) for a, b in zip(ends, ends[1:], strict=False))
+
+
+def loop(steps: int, repeats: int) -> dict:
+    ms: dict[str, list[float]] = {"plain": [], "lightning": [], "template": []}
+    with tempfile.TemporaryDirectory() as folder:
+        lightning_step_ms(40, True, folder)  # the first fits: imports, threads, allocator
+        lightning_step_ms(40, False, folder)
+        for _ in range(repeats):
+            ms["plain"].append(plain_step_ms(steps))
+            ms["lightning"].append(lightning_step_ms(steps, False, folder))
+            ms["template"].append(lightning_step_ms(steps, True, folder))
+    ours = [t - b for t, b in zip(ms["template"], ms["lightning"], strict=True)]
+    ratios = [t / b for t, b in zip(ms["template"], ms["lightning"], strict=True)]
+    lightning_own = [b - p for b, p in zip(ms["lightning"], ms["plain"], strict=True)]
+    return {
+        "step_ms": {k: statistics.median(v) for k, v in ms.items()},
+        "step_ms_each": ms,
+        "lightning_own_ms": statistics.median(lightning_own),
+        "ours_ms": statistics.median(ours),
+        "ours_ms_each": ours,
+        "ratio": statistics.median(ratios),
+        "ratio_each": ratios,
+    }
+
+
+class _HookTimes:
+    """Exclusive host time of every callback hook and plugin save, bucketed by where the
+    loop was: a steady training step, a logging step, a save, or elsewhere in the fit."""
+
+    def __init__(self) -> None:
+        self.ms: dict[tuple[str, str], float] = {}
+        self.steps = {"steady": 0, "logging": 0}
+        self.saves = 0
+        self._stack: list[float] = []  # nested time of the open calls' inner timed calls
+        self._batch = "steady"
+        self._saving = 0
+
+    def wrap(self, owner: Any, name: str, row: str, save: bool = False) -> None:
+        fn = getattr(owner, name, None)
+        if not callable(fn) or getattr(fn, "_timed", False):
+            return
+
+        @functools.wraps(fn)
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            self._saving += save
+            self._stack.append(0.0)
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent = time.perf_counter() - t0
+                inner = self._stack.pop()
+                if self._stack:
+                    self._stack[-1] += spent
+                step_hook = name in TRAIN_BATCH_HOOKS
+                bucket = "save" if self._saving else (self._batch if step_hook else "fit")
+                key = (row, bucket)
+                self.ms[key] = self.ms.get(key, 0.0) + 1e3 * (spent - inner)
+                self._saving -= save
+
+        timed._timed = True
+        setattr(owner, name, timed)
+
+    def batch_starts(self, logging_step: bool) -> None:
+        self._batch = "logging" if logging_step else "steady"
+        self.steps[self._batch] += 1
+
+
+class _Instrument(pl.Callback):
+    """First in the list: tells each batch's kind, and wraps every callback's hooks once
+    the callbacks' own set-up has placed them (IdleTimeMonitor adds two)."""
+
+    def __init__(self, times: _HookTimes, names: dict[int, str]) -> None:
+        self.times, self.names = times, names
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        owner = {id(edge): name for cb, name in _named(trainer.callbacks, self.names)
+                 for edge in getattr(cb, "_edges", ())}  # fmt: skip
+        for cb in trainer.callbacks:
+            if isinstance(cb, _Instrument):
+                continue
+            row = self.names.get(id(cb)) or owner.get(id(cb)) or type(cb).__name__
+            for name in TIMED:
+                self.times.wrap(cb, name, row)
+        plugin = trainer.strategy.checkpoint_io
+        self.times.wrap(plugin, "save_checkpoint", type(plugin).__name__, save=True)
+        self.times.wrap(plugin, "teardown", type(plugin).__name__)
+        original = trainer.save_checkpoint
+
+        def save_checkpoint(*args: Any, **kwargs: Any) -> Any:
+            self.times.saves += 1
+            self.times._saving += 1
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self.times._saving -= 1
+
+        trainer.save_checkpoint = save_checkpoint
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self.times.batch_starts(compat.is_logging_step(trainer))
+
+
+def _named(callbacks: list, names: dict[int, str]):
+    return [(c, names[id(c)]) for c in callbacks if id(c) in names]
+
+
+def per_callback(steps: int, epochs: int = 3) -> dict:
+    """One fit of ``epochs`` with validation and the default saves, every hook timed."""
+    callbacks, plugins = default_config_parts()
+    names = {id(c): type(c).__name__ for c in callbacks}
+    if sum(1 for c in callbacks if type(c).__name__ == "ModelCheckpoint") == 1:
+        names.update({id(c): "ModelCheckpoint (last)" for c in callbacks
+                      if type(c).__name__ == "ModelCheckpoint"})  # fmt: skip
+    times = _HookTimes()
+    instrument = _Instrument(times, names)
+    with tempfile.TemporaryDirectory() as folder:
+        trainer = _trainer(
+            folder, steps * epochs, [instrument, *callbacks], plugins,
+            max_epochs=epochs, limit_val_batches=4, num_sanity_val_steps=0,
+        )  # fmt: skip
+        torch.manual_seed(0)
+        trainer.fit(NearFree(), _loader(steps), _loader(4, seed=1))
+    rows: dict[str, dict[str, float | None]] = {}
+    for (row, bucket), ms in times.ms.items():
+        r = rows.setdefault(row, {"steady": 0.0, "logging": 0.0, "save": 0.0, "fit": 0.0})
+        r[bucket] += ms
+    for r in rows.values():
+        for bucket, n in (*times.steps.items(), ("save", times.saves)):
+            r[bucket] = r[bucket] / n if n else None
+    return {"rows": rows, "steps": times.steps, "saves": times.saves}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.host", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--out", type=Path, default=None, help="write host.json here")
+    parser.add_argument("--steps", type=int, default=400, help="steps per timed fit")
+    parser.add_argument("--repeats", type=int, default=7, help="interleaved repeats")
+    args = parser.parse_args(argv)
+    results = run(args.steps, args.repeats)
+    results["machine"] = machine("bench.host", "cpu", argv)
+    save(results, args.out, "host.json")
+    print(f"device: {results['machine']['device']}; torch {torch.__version__}, "
+          f"lightning {pl.__version__}")  # fmt: skip
+    print("\n".join(table(results)))
+    return 0
+
+
+def run(steps: int, repeats: int) -> dict:
+    quiet = [logging.getLogger(n) for n in ("gpu_busy", "lightning.pytorch", "lightning.fabric")]
+    levels = [q.level for q in quiet]
+    for q in quiet:
+        q.setLevel(logging.ERROR)
+    try:
+        return {"loop": loop(steps, repeats), "per_callback": per_callback(steps // 2)}
+    finally:
+        for q, level in zip(quiet, levels, strict=True):
+            q.setLevel(level)
+
+
+def table(results: dict) -> list[str]:
+    lp, pc = results["loop"], results["per_callback"]
+    s = lp["step_ms"]
+    lines = [
+        f"loop, median step (ms, {len(lp['ratio_each'])} interleaved repeats): plain PyTorch "
+        f"{s['plain']:.3f}, bare Lightning {s['lightning']:.3f}, with the default callbacks "
+        f"{s['template']:.3f}",
+        f"  Lightning's own per step: {lp['lightning_own_ms']:+.3f} ms; the callbacks': "
+        f"{lp['ours_ms']:+.3f} ms (repeats {_spread(lp['ours_ms_each'], '+.3f')}); "
+        f"with / without {lp['ratio']:.3f} (repeats {_spread(lp['ratio_each'], '.3f')}), "
+        "goal <= 1.10",
+        "",
+        f"per callback, host ms exclusive of nested hooks ({pc['steps']['steady']} steady steps, "
+        f"{pc['steps']['logging']} logging steps, {pc['saves']} saves)",
+        f"{'callback':<28}{'steady step':>12}{'logging step':>14}{'per save':>10}{'per fit':>10}",
+    ]
+    rows = sorted(pc["rows"].items(), key=lambda kv: -(kv[1]["steady"] or 0.0))
+    for name, r in rows:
+        lines.append(
+            f"{name:<28}{_ms(r['steady']):>12}{_ms(r['logging']):>14}{_ms(r['save']):>10}"
+            f"{_ms(r['fit'], '.1f'):>10}"
+        )
+    hooks = sum(r["steady"] or 0.0 for r in pc["rows"].values())
+    lines.append(f"{'all hooks':<28}{hooks:>12.4f}")
+    lines.append(
+        f"{'outside the hooks':<28}{lp['ours_ms'] - hooks:>12.4f}   (the loop's cost less the hooks')"
+    )
+    return lines
+
+
+def _ms(x: float | None, spec: str = ".4f") -> str:
+    return "n/a" if x is None else format(x, spec)
+
+
+def _spread(values: list[float], spec: str) -> str:
+    return f"[{format(min(values), spec)}, {format(max(values), spec)}]"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

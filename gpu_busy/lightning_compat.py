@@ -63,6 +63,19 @@ def is_logging_step(trainer: pl.Trainer) -> bool:
     return bool(trainer._logger_connector.should_update_logs)
 
 
+def metrics_at_last_step_end(trainer: pl.Trainer) -> tuple[dict, dict]:
+    """``(callback metrics, prog_bar metrics)`` as Lightning stored them at the end of the
+    last training step: the logged tensors, and the ``prog_bar=True`` values it converted
+    to numbers there. ``trainer.callback_metrics`` and ``trainer.progress_bar_metrics``
+    would compute both again, converting each ``prog_bar`` value once more (an ``.item()``
+    each, a sync on a GPU)."""
+    # Private: Trainer._logger_connector._callback_metrics and ._progress_bar_metrics
+    # (Lightning 2.0 to 2.6), the dicts _LoggerConnector.on_batch_end updates after the
+    # callbacks' on_train_batch_end.
+    connector = trainer._logger_connector
+    return dict(connector._callback_metrics), dict(connector._progress_bar_metrics)
+
+
 def logger_step(trainer: pl.Trainer) -> int:
     """The step number Lightning passes to the loggers, so rows written directly line up."""
     # Private: _TrainingEpochLoop._batches_that_stepped (Lightning 2.0 to 2.6), what

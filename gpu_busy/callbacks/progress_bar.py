@@ -2,11 +2,10 @@
 
 Lightning converts every ``prog_bar=True`` metric to a number after *every* training step
 (an ``.item()``, a host-device sync, per metric per step). Log training metrics without
-``prog_bar`` and this bar shows them: at each logging step the values in
-``trainer.callback_metrics`` start one copy to the host that nothing waits for
-(``LateRead``), shown at the first refresh after it landed (on a GPU, the refresh after
-the logging step; on a CPU, at once). In validation and at epoch ends, where the loop has
-waited anyway, they are read directly.
+``prog_bar`` and this bar shows them: the values a logging step logged start one copy to
+the host at the next step, which nothing waits for (``LateRead``), shown at the first
+refresh after it landed. In validation and at epoch ends, where the loop has waited
+anyway, they are read directly.
 
 Example::
 
@@ -20,6 +19,7 @@ import math
 
 import torch
 from lightning.pytorch.callbacks import TQDMProgressBar
+from lightning.pytorch.callbacks.progress.progress_bar import get_standard_metrics
 from torch import Tensor
 
 from gpu_busy import lightning_compat as compat
@@ -46,41 +46,50 @@ class LoggingStepProgressBar(TQDMProgressBar, compat.Callback):
         self._late = LateRead()  # the last logging step's values, on their way to the host
         self._sent: list[str] = []  # their names
         self._sent_now: dict[str, float] = {}  # what it logged as numbers or host tensors
+        self._send_now = False  # the last step was a logging step
 
     def get_metrics(self, trainer, pl_module) -> dict:
         if not trainer.training or trainer.sanity_checking:
             self._shown = self._read(trainer)
-        elif (values := self._late.take(wait=False)) is not None:
+            # the version number and any prog_bar metric, read where the loop has waited
+            return {**super().get_metrics(trainer, pl_module), **self._shown}
+        if (values := self._late.take(wait=False)) is not None:
             self._shown = _finite({**self._sent_now, **dict(zip(self._sent, values, strict=True))})
-        # super(): the version number and any prog_bar metric (Lightning converts those)
-        return {**super().get_metrics(trainer, pl_module), **self._shown}
+        # prog_bar metrics as Lightning converted them after the last step: not again
+        converted = compat.metrics_at_last_step_end(trainer)[1]
+        return {**get_standard_metrics(trainer), **converted, **self._shown}
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if compat.is_logging_step(trainer):
-            self._send(trainer)
+        if self._send_now:  # the step before logged: its values are Lightning's now
+            self._send(trainer, compat.metrics_at_last_step_end(trainer)[0])
+        self._send_now = compat.is_logging_step(trainer)
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+
+    def on_train_epoch_start(self, trainer, pl_module) -> None:
+        self._send_now = False
+        super().on_train_epoch_start(trainer, pl_module)
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:
         # Once per epoch: shows the epoch-level values (on_epoch=True) Lightning just reduced.
         self._shown = self._read(trainer)
         super().on_train_epoch_end(trainer, pl_module)
 
-    def _wanted(self, trainer) -> list[tuple[str, object]]:
+    def _wanted(self, metrics: dict) -> list[tuple[str, object]]:
         return [
             (name, value)
-            for name, value in trainer.callback_metrics.items()
+            for name, value in metrics.items()
             if (
                 name in self.metrics if self.metrics is not None else not name.endswith(_DUPLICATES)
             )
             and (not isinstance(value, Tensor) or value.numel() == 1)
         ]
 
-    def _send(self, trainer) -> None:
+    def _send(self, trainer, metrics: dict) -> None:
         """The device's values in one copy to the host, not waited for; the rest (numbers,
         host tensors) as they are."""
         device = trainer.strategy.root_device
         names, values, now = [], [], {}
-        for name, value in self._wanted(trainer):
+        for name, value in self._wanted(metrics):
             if isinstance(value, Tensor) and value.device == device:
                 names.append(name)
                 values.append(value.detach().reshape(()).float())
@@ -97,7 +106,7 @@ class LoggingStepProgressBar(TQDMProgressBar, compat.Callback):
     def _read(self, trainer) -> dict[str, float]:
         shown = {}
         with allow_syncs("LoggingStepProgressBar reads logged metrics after validation"):
-            for name, value in self._wanted(trainer):
+            for name, value in self._wanted(trainer.callback_metrics):
                 shown[name] = value.item() if isinstance(value, Tensor) else value
         return _finite(shown)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import inspect
 import warnings
+from collections import Counter
 
 import lightning.pytorch as pl
 import pytest
@@ -312,3 +313,120 @@ def test_a_warning_issued_by_a_binding_the_layers_do_not_see_is_the_recorded_syn
     assert [e.lineno for e in rec.events] == [_line("# sync: unseen binding")], [
         str(e) for e in rec.events
     ]
+
+
+_MODE_FRAMES = ("__torch_function__", "__torch_dispatch__")
+
+
+def test_the_default_callbacks_sync_never_in_a_steady_step_and_once_at_most_at_logging(
+    standin, tmp_path
+):
+    """CUDA's debug mode armed over a whole fit, as on the GPU machine: each sync is
+    blamed on the innermost frame outside torch and Lightning that asked for it. Frames in
+    gpu_busy/ may ask once per logging step (never in a steady one), whatever the module
+    logs with prog_bar=True (Lightning's own conversions are heard too, at the loop)."""
+    import sys
+    from pathlib import Path
+
+    from lightning.pytorch.loggers import CSVLogger
+
+    import gpu_busy
+    from bench.host import default_config_parts
+    from gpu_busy import batch_routing
+    from gpu_busy.lightning_compat import is_logging_step
+    from template.data import ImageDataModule
+    from tests.helpers.bound_runs import ProgBarImageClassifier
+
+    ours = str(Path(gpu_busy.__file__).parent)
+    # The routed loader's iter() and next() are Lightning's and the DataLoader's own calls
+    # (the DataLoader's seed is a host tensor the stand-in cannot tell from device memory).
+    routed = batch_routing._routed_class(object)
+    passing = {routed.__iter__.__code__, routed.__next__.__code__,
+               batch_routing._own_items.__code__}  # fmt: skip
+    libraries = (str(Path(torch.__file__).parent), str(Path(pl.__file__).parent.parent))
+    where = {"step": None}
+    heard: list[tuple[object, str]] = []  # (the step's kind or None, the frame's file)
+
+    class StepKinds(pl.Callback):
+        """First in the list: the step starts; last: its hooks have run."""
+
+        def on_train_batch_start(self, trainer, *args) -> None:
+            if self is first:
+                where["step"] = "logging" if is_logging_step(trainer) else "steady"
+
+        def on_train_batch_end(self, trainer, *args) -> None:
+            if self is last:  # Lightning's work after the hooks, the next fetch
+                where["step"] = f"after {where['step']}"
+
+        def on_validation_start(self, trainer, pl_module) -> None:
+            where["step"] = None  # validation and saves: the loop waits there anyway
+
+        on_train_epoch_end = on_validation_start
+
+    first, last = StepKinds(), StepKinds()
+
+    def on_sync() -> None:
+        frame, stack = sys._getframe(1), []
+        while frame is not None and not frame.f_code.co_filename.endswith("warnings.py"):
+            frame = frame.f_back  # out of the warning's route, to the call that synced
+        while frame is not None:
+            stack.append(frame)
+            frame = frame.f_back
+        # A dispatch mode (the sync detector's) runs an op for its caller: what is inside
+        # its frame is the op's route; the caller is outside it.
+        modes = [i for i, f in enumerate(stack) if f.f_code.co_name in _MODE_FRAMES]
+        outside = stack[modes[-1] + 1 :] if modes else stack
+        asker = next(
+            (f.f_code.co_filename for f in outside
+             if not f.f_code.co_filename.startswith(libraries)
+             and not f.f_code.co_filename.endswith("warnings.py")
+             and f.f_code not in passing),
+            "?",
+        )  # fmt: skip
+        heard.append((where["step"], asker))
+
+    callbacks, plugins = default_config_parts()
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        max_epochs=2,
+        limit_train_batches=12,
+        limit_val_batches=2,
+        log_every_n_steps=4,
+        num_sanity_val_steps=0,
+        logger=CSVLogger(tmp_path),
+        enable_model_summary=False,
+        callbacks=[first, *callbacks, last],
+        plugins=plugins,
+    )
+    data = ImageDataModule(
+        batch_size=8, synthetic_train_size=96, synthetic_val_size=16, num_workers=0
+    )
+    with cuda_sync_warnings.cuda_sync_warnings(on_sync):
+        trainer.fit(ProgBarImageClassifier(width=8), data)
+
+    steady = [f for kind, f in heard if kind in ("steady", "after steady") and f.startswith(ours)]
+    logging = [
+        f for kind, f in heard if kind in ("logging", "after logging") and f.startswith(ours)
+    ]
+    assert not steady, f"gpu_busy synced in steady steps at {sorted(set(steady))}"
+    logging_steps = trainer.global_step // 4
+    assert len(logging) <= logging_steps, f"at {logging_steps} logging steps: {Counter(logging)}"
+    loop = [f for kind, f in heard if kind == "after steady" and not f.startswith(ours)]
+    assert len(loop) >= 2 * 12, "Lightning's prog_bar conversions were not heard"
+
+
+def test_arming_cudas_debug_mode_prints_no_prototype_warning(monkeypatch):
+    def set_sync_debug_mode(mode):  # what PyTorch's binding issues at its first arming
+        warnings.warn(
+            "Synchronization debug mode is a prototype feature and does not yet detect all "
+            "synchronizing operations",
+            UserWarning,
+            stacklevel=2,
+        )
+
+    monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", set_sync_debug_mode)
+    with warnings.catch_warnings(record=True) as shown:
+        warnings.simplefilter("always")
+        cuda_sync_warnings.CUDA.set("warn")
+        warnings.warn("another warning", UserWarning, stacklevel=1)
+    assert [str(w.message) for w in shown] == ["another warning"]

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import functools
 import importlib
+import itertools
 import logging
 import statistics
 import sys
@@ -102,8 +103,7 @@ class _StepEnds(pl.Callback):
         self.ends.append(time.perf_counter())
 
     def median_ms(self) -> float:
-        ends = self.ends[SKIP:]
-        return statistics.median(1e3 * (b - a) for a, b in zip(ends, ends[1:], strict=False))
+        return _median_step_ms(self.ends)
 
 
 def _trainer(folder: str, steps: int, callbacks: list, plugins: list | None, **kw) -> pl.Trainer:
@@ -143,8 +143,12 @@ def plain_step_ms(steps: int) -> float:
         loss.backward()
         optimizer.step()
         ends.append(time.perf_counter())
-    ends = ends[SKIP:]
-    return statistics.median(1e3 * (b - a) for a, b in zip(ends, ends[1:], strict=False))
+    return _median_step_ms(ends)
+
+
+def _median_step_ms(ends: list[float]) -> float:
+    """The median time from one step's end to the next, after the first ``SKIP`` steps."""
+    return statistics.median(1e3 * (b - a) for a, b in itertools.pairwise(ends[SKIP:]))
 
 
 def loop(steps: int, repeats: int) -> dict:
@@ -296,15 +300,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(steps: int, repeats: int) -> dict:
-    quiet = [logging.getLogger(n) for n in ("gpu_busy", "lightning.pytorch", "lightning.fabric")]
-    levels = [q.level for q in quiet]
-    for q in quiet:
-        q.setLevel(logging.ERROR)
+    logging.disable(logging.WARNING)  # the fits' own reports, not the benchmark's
     try:
         return {"loop": loop(steps, repeats), "per_callback": per_callback(steps // 2)}
     finally:
-        for q, level in zip(quiet, levels, strict=True):
-            q.setLevel(level)
+        logging.disable(logging.NOTSET)
 
 
 def table(results: dict) -> list[str]:
@@ -331,9 +331,8 @@ def table(results: dict) -> list[str]:
         )
     hooks = sum(r["steady"] or 0.0 for r in pc["rows"].values())
     lines.append(f"{'all hooks':<28}{hooks:>12.4f}")
-    lines.append(
-        f"{'outside the hooks':<28}{lp['ours_ms'] - hooks:>12.4f}   (the loop's cost less the hooks')"
-    )
+    outside = lp["ours_ms"] - hooks
+    lines.append(f"{'outside the hooks':<28}{outside:>12.4f}   (the loop's cost less the hooks')")
     return lines
 
 

@@ -13,8 +13,8 @@ Example::
     trainer = Trainer(callbacks=[IdleTimeMonitor(), RunSummary()])
     # 12:01:07 INFO verdict: bound by data loading: the device waited 41.20 ms per batch ...
     # 12:01:07 INFO idle time: ...
-    # 12:01:07 INFO fit done in 95.2 s: 3 epochs, 234 steps, 59,904 samples over 2 processes,
-    #          2,410 samples/s while training; val/acc 0.951; best checkpoint runs/...
+    # 12:01:07 INFO fit done in 95.2 s: 3 epoch(s), 234 steps over 2 process(es), 59,904
+    #          samples; val/acc 0.951; best checkpoint runs/...
 """
 
 from __future__ import annotations
@@ -22,12 +22,11 @@ from __future__ import annotations
 import time
 
 import lightning.pytorch as pl
-from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.utilities.data import extract_batch_size
 
 from gpu_busy import lightning_compat as compat
 from gpu_busy.callbacks.ranks import gather_rows, publish, run_dir
+from gpu_busy.callbacks.step_clock import StepClock
 from gpu_busy.log import get_logger
 from gpu_busy.report import run as run_report
 from gpu_busy.report.held import HeldReports
@@ -39,7 +38,6 @@ class RunSummary(compat.Callback):
     """Logs where the run lives at the start of fit and what it achieved at the end."""
 
     def __init__(self) -> None:
-        self._samples = 0  # -1 once a batch had no size Lightning could find
         self._first_step = 0
         self._fit_start = 0.0
         self._val_start = 0.0
@@ -49,7 +47,7 @@ class RunSummary(compat.Callback):
         self.held_reports = HeldReports()  # the other callbacks' reports (ranks.publish)
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._samples, self._val_seconds, self._summary = 0, 0.0, None
+        self._val_seconds, self._summary = 0.0, None
         self._fit_start = time.perf_counter()
         if trainer.is_global_zero:
             self.held_reports.start()
@@ -67,14 +65,6 @@ class RunSummary(compat.Callback):
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._first_step = trainer.global_step  # not 0 in a resumed run
 
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if self._samples < 0:
-            return
-        try:
-            self._samples += extract_batch_size(batch)  # reads a shape: no device access
-        except MisconfigurationException:  # a batch Lightning cannot size: count steps
-            self._samples = -1
-
     def on_validation_start(self, trainer, pl_module) -> None:
         self._val_start = time.perf_counter()
 
@@ -83,7 +73,11 @@ class RunSummary(compat.Callback):
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         elapsed = time.perf_counter() - self._fit_start
-        rows = gather_rows(trainer, [self._samples, elapsed - self._val_seconds])
+        # The samples the step clock counted (IdleTimeMonitor's or ThroughputMonitor's): -1
+        # without one, or where a batch had no size Lightning could find.
+        clock = StepClock.of(trainer)
+        samples = clock.samples if clock is not None and clock.samples is not None else -1
+        rows = gather_rows(trainer, [samples, elapsed - self._val_seconds])
         checkpoint, best = _best_checkpoint(trainer), None
         if checkpoint is not None:
             score = trainer.callback_metrics.get(checkpoint.monitor)

@@ -1,7 +1,8 @@
 """ThroughputMonitor: samples/s, FLOPs per batch, MFU and peak memory, without a sync.
 
 Unlike Lightning's ``ThroughputMonitor``, which synchronises at every batch to read the
-host's clock, the time comes from the device's (``gpu_busy.throughput.StepSpans``), the
+host's clock, the time comes from the device's: the fit's one step timer (``StepClock``,
+shared with ``IdleTimeMonitor``) gives each step's period (``ThroughputStats``); the
 FLOPs from PyTorch's counter around the fit's first training step and its backward
 (``FlopCount``; or ``flops_per_batch=``), the peak from a table of datasheets
 (``peak_flops``; or ``peak_tflops=``), and memory from the caching allocator's counters
@@ -18,22 +19,21 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import fields
 from typing import Any
 
 import lightning.pytorch as pl
 import torch
-from lightning.fabric.utilities.exceptions import MisconfigurationException
-from lightning.pytorch.utilities.data import extract_batch_size
 
 from gpu_busy import lightning_compat as compat
 from gpu_busy.callbacks.ranks import gather_rows, log_metrics, over_ranks, publish, run_dir
+from gpu_busy.callbacks.step_clock import StepClock
 from gpu_busy.report import throughput as throughput_report
 from gpu_busy.report.throughput import Flops
 from gpu_busy.throughput import (
     FlopCount,
     MemoryPeaks,
     MemoryStats,
-    StepSpans,
     ThroughputStats,
     peak_flops,
 )
@@ -74,74 +74,61 @@ class ThroughputMonitor(compat.Callback):
         self.peak_tflops = peak_tflops
         self.tokens = tokens or _num_tokens
         self.report: dict = {}
-        self._spans: StepSpans | None = None
+        self._clock: StepClock | None = None
         self._memory: MemoryPeaks | None = None
         self._count: FlopCount | None = None
         self._counted_samples: int | None = None
         self._wrapped: pl.LightningModule | None = None
-        self._batches = 0
+        self._window = ThroughputStats()  # since the last logging step
         self._total = ThroughputStats()  # read back over the fit
         self._run_dir = None
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        device = trainer.strategy.root_device
-        self._spans, self._memory = StepSpans(device), MemoryPeaks(device)
-        self._total, self._batches = ThroughputStats(), 0
+        self._memory = MemoryPeaks(trainer.strategy.root_device)
+        self._window, self._total = ThroughputStats(), ThroughputStats()
         self._count = FlopCount() if self.flops_per_batch is None else None
         self._counted_samples = None
         self._run_dir = run_dir(trainer)
+        self._clock = StepClock.subscribe(trainer, self)
+        if self._count is not None:
+            self._wrap(pl_module)  # the fit's first step, counted, then unwrapped
 
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        if self._memory is None:
-            return
+    # -- what the step clock calls --------------------------------------------------------
+
+    def step_started(self) -> None:
         self._memory.step_started()
-        if self._count is not None and self._batches == 0:
-            self._wrap(pl_module)
 
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if self._spans is None or self._memory is None:
-            return
+    def step_ended(self, samples: int | None) -> None:
         self._memory.step_ended()
-        samples = _batch_size(batch)
-        if self._batches == 0 and self._count is not None:
+        if self._wrapped is not None:
             self._unwrap()
             self._counted_samples = samples
-        if self._batches < self.warmup_steps or self._batches == 0:
-            self._spans.break_span()  # start-up, or the counted step: not in the figures
-        self._spans.step_ended(samples, self.tokens(batch))
-        self._batches += 1
-        if compat.is_logging_step(trainer):
-            self._spans.cut()
-            self._spans.poll()
-            self._log_window(trainer)
 
-    def on_validation_start(self, trainer, pl_module) -> None:
-        if trainer.state.fn == "fit" and self._spans is not None:
-            self._spans.break_span()
+    def take(self, timings) -> None:
+        for t in timings:
+            if t.step >= max(1, self.warmup_steps):  # not start-up, nor the counted step
+                self._window.add_step(t)
 
-    def on_train_epoch_end(self, trainer, pl_module) -> None:
-        if self._spans is not None:
-            self._spans.break_span()
-
-    def on_train_end(self, trainer, pl_module) -> None:
-        if self._spans is not None:
-            self._spans.close()  # training is over: waiting costs nothing now
-
-    def _log_window(self, trainer: pl.Trainer) -> None:
-        window = self._spans.done.take()
+    def window_row(self) -> list[float]:
+        window = self._window.take()
         self._total.add(window)
-        memory = self._memory.take_window()
-        rows = gather_rows(trainer, window.as_list() + memory.as_list())
-        n = len(window.as_list())
+        return window.as_list() + self._memory.take_window().as_list()
+
+    def log_window(self, trainer: pl.Trainer, rows: list[list[float]]) -> None:
+        n = len(fields(ThroughputStats))
         per_rank = [
             {**ThroughputStats.from_list(r[:n]).rates(), **_memory_from(r[n:]).gib()} for r in rows
         ]
         log_metrics(trainer, over_ranks(per_rank, prefix="throughput/"))
 
+    def on_train_end(self, trainer, pl_module) -> None:
+        if self._clock is not None:
+            self._clock.finish()  # training is over: waiting costs nothing now
+
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self._spans is None or self._memory is None:
+        if self._clock is None or self._memory is None:
             return
-        self._total.add(self._spans.done.take())
+        self._total.add(self._window.take())
         self._memory.take_window()
         rows = gather_rows(trainer, self._total.as_list() + self._memory.total.as_list())
         if not trainer.is_global_zero:
@@ -157,7 +144,7 @@ class ThroughputMonitor(compat.Callback):
             peak=peak_flops(name, precision, self.peak_tflops),
             device=name,
             precision=precision,
-            clock=self._spans.clock,
+            clock=self._clock.timer.clock,
             warmup_steps=self.warmup_steps,
         )
         publish(trainer, "throughput", self.report, lines, self._run_dir)
@@ -196,17 +183,13 @@ class ThroughputMonitor(compat.Callback):
         self._wrapped = None
 
     def on_exception(self, trainer, pl_module, exception) -> None:
-        self._unwrap()
+        self.teardown(trainer, pl_module, "")
 
     def teardown(self, trainer, pl_module, stage) -> None:
         self._unwrap()
-
-
-def _batch_size(batch: Any) -> int | None:
-    try:
-        return extract_batch_size(batch)  # reads a shape: no device access
-    except MisconfigurationException:
-        return None
+        if self._clock is not None:
+            self._clock.remove(trainer)
+            self._clock = None
 
 
 def _num_tokens(batch: Any) -> int | None:

@@ -64,6 +64,15 @@ class StepTiming:
     # the part of transfer_ms that the host's own time between ready and start does not
     # explain: the batch's copy (or the wait for a side-stream copy) holding the step back
     copy_ms: float | None = None
+    samples: int | None = None  # the batch's size and tokens, where the caller said them
+    tokens: int | None = None
+
+    @property
+    def period_ms(self) -> float | None:
+        """The previous step's end to this one's: one whole period of the loop."""
+        if self.idle_ms is None or self.device_ms is None:
+            return None
+        return self.idle_ms + (self.transfer_ms or 0.0) + self.device_ms
 
 
 @dataclass
@@ -84,6 +93,8 @@ class _Step:
     h_backward_from: float | None = None
     waits: list[Interval] = field(default_factory=list)
     syncs: list[float] = field(default_factory=list)
+    samples: int | None = None
+    tokens: int | None = None
 
 
 class StepTimer:
@@ -199,6 +210,11 @@ class StepTimer:
         self._last_end, self._h_last_end = step.end, step.h_end
         self._pending.append(step)
 
+    def count_last(self, samples: int | None, tokens: int | None = None) -> None:
+        """The step ``end_step`` just ended held ``samples`` and ``tokens`` (None: unknown)."""
+        if self._pending and self._pending[-1].end is self._last_end is not None:
+            self._pending[-1].samples, self._pending[-1].tokens = samples, tokens
+
     def break_gap(self) -> None:
         """What follows is not a step boundary (validation, an epoch's end): no idle figure
         for the next step's gap."""
@@ -300,6 +316,8 @@ class StepTimer:
             causes=self._attribute(step, idle, idle_end),
             syncs=len(step.syncs),
             host_backward_ms=1e3 * step.h_backward,
+            samples=step.samples,
+            tokens=step.tokens,
         )
 
     def _unexplained(self, device_ms: float, host_s: float) -> float:

@@ -48,15 +48,13 @@ def summary(
         "samples_per_s": samples / train_seconds if countable else None,
         "steps_per_s": steps / train_seconds,
     }
-    rate = (
-        f"{samples:,} samples, {samples / train_seconds:,.0f} samples/s while training"
-        if countable
-        else f"{steps / train_seconds:,.2f} steps/s while training"
-    )
+    # The one samples/s printed is the throughput report's (steady, the device's clock);
+    # run.json keeps the whole fit's host-clock rates for compare.
+    counted = f", {samples:,} samples" if countable else ""
     resumed = f", resumed at step {first_step}" if first_step else ""
     parts = [
         f"fit done in {elapsed:.1f} s: {epochs} epoch(s), {steps} steps{resumed} over "
-        f"{world} process(es), {rate}"
+        f"{world} process(es){counted}"
     ]
     if first_step and resumed_from:
         parts.append(f"earlier steps: see the run that wrote {resumed_from}")

@@ -1,19 +1,19 @@
 """Throughput, FLOPs, MFU and memory, measured without a sync: the mechanisms (no Lightning).
 
-``StepSpans`` times spans of training steps on the device's clock; ``FlopCount`` counts one
+``ThroughputStats`` sums the step timer's periods and samples; ``FlopCount`` counts one
 real batch's FLOPs with PyTorch's ``FlopCounterMode``; ``peak_flops`` looks a device's peak
 up in a table of datasheet figures; ``MemoryPeaks`` reads the caching allocator's per-step
 peaks. ``gpu_busy.callbacks.ThroughputMonitor`` hooks them into a fit.
 
 Example::
 
-    spans, memory = StepSpans("cuda"), MemoryPeaks("cuda")
+    memory = MemoryPeaks("cuda")
     peak = peak_flops(torch.cuda.get_device_name(), "bf16")
 """
 
 from gpu_busy.throughput.flops import FlopCount
 from gpu_busy.throughput.memory import MemoryPeaks, MemoryStats, expandable_segments_on
-from gpu_busy.throughput.meter import StepSpans, ThroughputStats
+from gpu_busy.throughput.meter import ThroughputStats
 from gpu_busy.throughput.peaks import PRECISIONS, TABLE, Peak, find_device, peak_flops
 
 __all__ = [
@@ -23,7 +23,6 @@ __all__ = [
     "MemoryPeaks",
     "MemoryStats",
     "Peak",
-    "StepSpans",
     "ThroughputStats",
     "expandable_segments_on",
     "find_device",

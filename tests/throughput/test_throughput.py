@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from bench.throughput import hand_count
 from gpu_busy.callbacks import RunSummary, SyncPointDetector, ThroughputMonitor
+from gpu_busy.idle import StepTimer
 from gpu_busy.report.compare import gates
 from gpu_busy.report.files import RunFiles, write_report
 from gpu_busy.report.throughput import Flops, end_of_fit
@@ -25,7 +26,6 @@ from gpu_busy.throughput import (
     FlopCount,
     MemoryPeaks,
     MemoryStats,
-    StepSpans,
     ThroughputStats,
     peak_flops,
 )
@@ -136,58 +136,53 @@ def test_a_backward_inside_a_counted_step_is_counted_once():
     assert count.flops == 3 * 2 * 4 * 16 * 8 - 2 * 4 * 16 * 8  # no input gradient
 
 
-# -- device-clock spans, on a scripted GPU -------------------------------------------------
+# -- throughput from the fit's one step timer, on a scripted GPU ---------------------------
 
 
 @pytest.fixture
 def gpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: None)
-    return ScriptedGPU(capacity=6)
+    return ScriptedGPU(capacity=8)
 
 
-def test_spans_read_the_device_clock_lazily_and_count_whole_periods(gpu):
-    spans = StepSpans(torch.device("cuda", 0), pool=gpu)
-    gpu.times = [0.0]  # step 0's end opens the span
-    spans.step_ended(samples=8)
-    for _ in range(3):
-        spans.step_ended(samples=8)
-    gpu.times = [30.0, 30.0]  # the cut: 3 steps of 10 ms on the device
-    spans.cut()
-    spans.poll()
-    assert spans.done.steps == 0  # the device is not there yet: no wait, no figure
-    gpu.now = 30.0
-    spans.poll()
-    assert (spans.done.steps, spans.done.samples, spans.done.device_ms) == (3, 24, 30.0)
-    assert spans.done.rates()["samples_per_s"] == pytest.approx(800)
-    assert gpu.in_use == 1  # only the open span's start is held
+def _steps(timer: StepTimer, gpu: ScriptedGPU, ends_ms: list[float], samples: int = 8) -> None:
+    for end in ends_ms:  # back to back: each step starts where the last ended
+        gpu.times = [end - 10.0, end]
+        timer.start_step()
+        timer.end_step()
+        timer.count_last(samples)
 
 
-def test_a_break_ends_the_span_and_the_next_step_only_opens_one(gpu):
-    spans = StepSpans(torch.device("cuda", 0), pool=gpu)
-    gpu.times = [0.0]
-    spans.step_ended(samples=4)
-    spans.step_ended(samples=4)
-    gpu.times = [10.0, 10.0]
-    spans.break_span()  # validation: its time is not the steps'
-    gpu.times = [500.0]
-    spans.step_ended(samples=4)  # its gap held validation: it opens the next span
-    spans.step_ended(samples=4)
-    gpu.times = [510.0, 510.0]
-    spans.close()  # blocks: training is over
-    assert (spans.done.steps, spans.done.samples, spans.done.device_ms) == (2, 8, 20.0)
+def test_throughput_sums_whole_periods_read_lazily_from_the_step_timer(gpu):
+    timer, stats = StepTimer(torch.device("cuda", 0), pool=gpu), ThroughputStats()
+    _steps(timer, gpu, [10.0, 20.0, 30.0, 40.0])
+    assert timer.poll() == []  # the device is not there yet: no wait, no figure
+    gpu.now = 40.0
+    for t in timer.poll():
+        stats.add_step(t)
+    # the first step has no step before it: three whole periods of 10 ms
+    assert (stats.steps, stats.samples, stats.device_ms) == (3, 24, 30.0)
+    assert stats.rates()["samples_per_s"] == pytest.approx(800)
+
+
+def test_a_break_leaves_the_next_step_out(gpu):
+    timer, stats = StepTimer(torch.device("cuda", 0), pool=gpu), ThroughputStats()
+    _steps(timer, gpu, [10.0, 20.0])
+    timer.break_gap()  # validation: its time is not a step's
+    _steps(timer, gpu, [510.0, 520.0], samples=4)
+    for t in timer.close():  # blocks: training is over
+        stats.add_step(t)
+    assert (stats.steps, stats.samples, stats.device_ms) == (2, 12, 20.0)
     assert gpu.in_use == 0
 
 
-def test_a_dry_pool_keeps_counting_and_says_what_went_untimed(gpu):
-    gpu.capacity = 1
-    spans = StepSpans(torch.device("cuda", 0), pool=gpu)
-    gpu.times = [0.0]
-    spans.step_ended(samples=1)
-    spans.step_ended(samples=1)
-    gpu.times = [5.0]
-    spans.cut()  # needs two events, has none: the segment goes on
-    spans.break_span()
-    assert spans.done.untimed_steps == 1 and spans.done.steps == 0 and gpu.in_use == 0
+def test_a_dry_pool_says_what_went_untimed(gpu):
+    gpu.capacity = 3
+    timer, stats = StepTimer(torch.device("cuda", 0), pool=gpu), ThroughputStats()
+    _steps(timer, gpu, [10.0, 20.0])  # the second step's end finds no event
+    for t in timer.close():
+        stats.add_step(t)
+    assert stats.untimed_steps == 1 and stats.steps == 0 and gpu.in_use == 0
 
 
 def test_steps_without_a_size_or_tokens_make_those_rates_na():

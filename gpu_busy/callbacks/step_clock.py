@@ -1,0 +1,184 @@
+"""StepClock: the fit's one step timer, read by every monitor that times steps.
+
+One ``gpu_busy.idle.StepTimer`` (CUDA events from one pool, read back without a sync; host
+clocks off CUDA) times each training step and the gap before it. Each step's timing, with
+its batch's samples and tokens, goes to every monitor that subscribed (``IdleTimeMonitor``
+its idle causes, ``ThroughputMonitor`` its periods), and at a logging step their window
+figures go over ranks in one gather. The first monitor to subscribe in a fit puts the clock
+in place: two marks at the ends of the callback list bracket the step itself, so the other
+callbacks' per-step work falls between steps, where the GPU really waits for it.
+
+Example::
+
+    class MyMonitor(Callback):
+        def on_train_start(self, trainer, pl_module):
+            StepClock.subscribe(trainer, self)
+        def take(self, timings): ...                    # each step's StepTiming, read back
+        def window_row(self) -> list[float]: ...        # at a logging step, this rank's
+        def log_window(self, trainer, rows): ...        # every rank's rows, in rank order
+        # optional: step_started() right before the step, step_ended(samples) right after
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import lightning.pytorch as pl
+from lightning.fabric.utilities.exceptions import MisconfigurationException
+from lightning.pytorch.utilities.data import extract_batch_size
+
+from gpu_busy import batch_routing
+from gpu_busy import lightning_compat as compat
+from gpu_busy.callbacks.ranks import gather_rows
+from gpu_busy.cuda_sync_warnings import debug_mode
+from gpu_busy.idle import StepTimer, SyncMarks, TimedReads
+
+_CLOCKS: weakref.WeakKeyDictionary[pl.Trainer, StepClock] = weakref.WeakKeyDictionary()
+
+
+class StepClock:
+    """The step timer of one fit and the monitors that read it."""
+
+    def __init__(self, trainer: pl.Trainer) -> None:
+        self.timer = StepTimer(trainer.strategy.root_device)
+        self.marks: SyncMarks | None = None
+        self.subscribers: list[Any] = []
+        self.samples = 0  # every step's, timed or not (None: a batch had no size)
+        self._layer = batch_routing.Layer(f"clock-{id(self):x}", position=0)
+        self._edges = (_StepEnd(self), _StepStart(self))
+        self._trainer = weakref.ref(trainer)
+        # A new list, not an insert: Lightning is iterating the old one to call a hook.
+        trainer.callbacks = [self._edges[0], *trainer.callbacks, self._edges[1]]
+        self.route(trainer)
+
+    @classmethod
+    def subscribe(cls, trainer: pl.Trainer, monitor: Any, sync_marks: bool = False) -> StepClock:
+        """The fit's clock (placed now if no monitor has yet), with ``monitor`` reading it;
+        ``sync_marks``: on CUDA, tell a sync stall apart with CUDA's sync debug mode."""
+        clock = _CLOCKS.get(trainer)
+        if clock is None or clock._trainer() is not trainer or not clock._edges:
+            clock = _CLOCKS[trainer] = cls(trainer)
+        if monitor not in clock.subscribers:
+            clock.subscribers.append(monitor)
+        device = trainer.strategy.root_device
+        if sync_marks and clock.marks is None and debug_mode().serves(device.type):
+            clock.marks = clock.timer.sync_marks = SyncMarks()  # open from a step's start
+        return clock
+
+    @classmethod
+    def of(cls, trainer: pl.Trainer) -> StepClock | None:
+        """The fit's clock, where a monitor placed one."""
+        clock = _CLOCKS.get(trainer)
+        return clock if clock is not None and clock._edges else None
+
+    def route(self, trainer: pl.Trainer) -> None:
+        """The DataLoader's waits, timed below any prefetcher (again for a new loader)."""
+        timer = self.timer
+        self._layer.route(trainer.fit_loop, lambda items: TimedReads(items, timer))
+
+    def close_marks(self) -> None:
+        """CUDA's debug mode is armed only where the marks are read: the training steps and
+        the gaps between them, not validation or the epoch's end (their saves)."""
+        if self.marks is not None:
+            self.marks.close()
+
+    def finish(self) -> list:
+        """Training is over: every step read back (waiting costs nothing now)."""
+        done = self.timer.close()
+        self.close_marks()
+        self._give(done)
+        return done
+
+    def remove(self, trainer: pl.Trainer) -> None:
+        """Off the fit: the marks, the routing layer and the edges."""
+        self.close_marks()
+        self._layer.remove()
+        if self._edges:
+            trainer.callbacks = [c for c in trainer.callbacks if c not in self._edges]
+        self._edges = ()
+        _CLOCKS.pop(trainer, None)
+
+    # -- each step, from the edges --------------------------------------------------------
+
+    def _step_started(self) -> None:
+        if self.marks is not None:
+            self.marks.open()
+        for monitor in self.subscribers:
+            if hasattr(monitor, "step_started"):
+                monitor.step_started()
+        self.timer.start_step()
+
+    def _step_ended(self, batch: Any) -> None:
+        self.timer.end_step()  # first: what follows is the callbacks' work
+        samples = _batch_size(batch)
+        self.samples = None if samples is None or self.samples is None else self.samples + samples
+        self.timer.count_last(samples, self._tokens(batch))
+        for monitor in self.subscribers:
+            if hasattr(monitor, "step_ended"):
+                monitor.step_ended(samples)
+        self._give(self.timer.poll())
+
+    def _tokens(self, batch: Any) -> int | None:
+        counts = {s.tokens(batch) for s in self.subscribers if hasattr(s, "tokens")}
+        return counts.pop() if len(counts) == 1 else None
+
+    def _give(self, timings: list) -> None:
+        if timings:
+            for monitor in self.subscribers:
+                monitor.take(timings)
+
+    def _log_window(self, trainer: pl.Trainer) -> None:
+        """Every subscriber's window over ranks, in one gather."""
+        rows = [monitor.window_row() for monitor in self.subscribers]
+        gathered = gather_rows(trainer, [x for row in rows for x in row])
+        start = 0
+        for monitor, row in zip(self.subscribers, rows, strict=True):
+            monitor.log_window(trainer, [r[start : start + len(row)] for r in gathered])
+            start += len(row)
+
+
+class _StepEnd(compat.Callback):
+    """First in the callback list: the step's end, before any callback's own work."""
+
+    def __init__(self, clock: StepClock) -> None:
+        self.clock = clock
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self.clock._step_ended(batch)
+
+    def on_validation_start(self, trainer, pl_module) -> None:
+        if trainer.state.fn == "fit":
+            self.clock.close_marks()
+            self.clock.timer.break_gap()  # the next gap holds validation: not a step boundary
+
+    def on_train_epoch_start(self, trainer, pl_module) -> None:
+        self.clock.route(trainer)  # reload_dataloaders_every_n_epochs gives a new loader
+        self.clock.timer.break_gap()
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        self.clock.close_marks()
+        self.clock.timer.break_gap()
+
+
+class _StepStart(compat.Callback):
+    """Last in the callback list: the step's start, and the point where every callback's
+    ``on_train_batch_end`` has run (what they enqueued is device work, not idle)."""
+
+    def __init__(self, clock: StepClock) -> None:
+        self.clock = clock
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if compat.is_logging_step(trainer):
+            self.clock._log_window(trainer)  # a collective: every rank, at the same step
+        self.clock.timer.hooks_done()
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self.clock._step_started()
+
+
+def _batch_size(batch: Any) -> int | None:
+    try:
+        return extract_batch_size(batch)  # reads a shape: no device access
+    except MisconfigurationException:
+        return None

@@ -42,6 +42,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from bench.results import machine, save
 from gpu_busy import lightning_compat as compat
+from gpu_busy.callbacks.step_clock import StepClock
 
 CONFIG = Path(__file__).resolve().parent.parent / "configs" / "default.yaml"
 FEATURES, BATCH, LOG_EVERY, SKIP = 8, 8, 20, 20
@@ -218,24 +219,30 @@ class _HookTimes:
 
 
 class _Instrument(pl.Callback):
-    """First in the list: tells each batch's kind, and wraps every callback's hooks once
-    the callbacks' own set-up has placed them (IdleTimeMonitor adds two)."""
+    """First in the list: tells each batch's kind, and at the first batch wraps every
+    callback's hooks, once the callbacks' own set-up has placed them (the step clock's two
+    marks are named after it)."""
 
     def __init__(self, times: _HookTimes, names: dict[int, str]) -> None:
-        self.times, self.names = times, names
+        self.times, self.names, self._wrapped = times, names, False
 
-    def on_train_start(self, trainer, pl_module) -> None:
-        owner = {id(edge): name for cb, name in _named(trainer.callbacks, self.names)
-                 for edge in getattr(cb, "_edges", ())}  # fmt: skip
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if not self._wrapped:
+            self._wrapped = True
+            self._wrap(trainer)
+        self.times.batch_starts(compat.is_logging_step(trainer))
+
+    def _wrap(self, trainer: pl.Trainer) -> None:
+        clock = StepClock.of(trainer)
+        edges = {id(e) for e in clock._edges} if clock is not None else set()
         for cb in trainer.callbacks:
-            if isinstance(cb, _Instrument):
+            if cb is self:
                 continue
-            row = self.names.get(id(cb)) or owner.get(id(cb)) or type(cb).__name__
+            row = "StepClock" if id(cb) in edges else self.names.get(id(cb), type(cb).__name__)
             for name in TIMED:
                 self.times.wrap(cb, name, row)
         plugin = trainer.strategy.checkpoint_io
         self.times.wrap(plugin, "save_checkpoint", type(plugin).__name__, save=True)
-        self.times.wrap(plugin, "teardown", type(plugin).__name__)
         original = trainer.save_checkpoint
 
         def save_checkpoint(*args: Any, **kwargs: Any) -> Any:
@@ -247,13 +254,6 @@ class _Instrument(pl.Callback):
                 self.times._saving -= 1
 
         trainer.save_checkpoint = save_checkpoint
-
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        self.times.batch_starts(compat.is_logging_step(trainer))
-
-
-def _named(callbacks: list, names: dict[int, str]):
-    return [(c, names[id(c)]) for c in callbacks if id(c) in names]
 
 
 def per_callback(steps: int, epochs: int = 3) -> dict:

@@ -43,13 +43,20 @@ class Callback(pl.Callback):
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Callback:
         self = super().__new__(cls)
-        # Private: _call_callback_hooks (lightning/pytorch/trainer/call.py, 2.0 to 2.6) calls
-        # a hook only where ``callable(getattr(callback, name))``: None on the instance skips
-        # it. A subclass's own override, and super() calls, still find the class's method.
-        for name in BATCH_HOOKS:
-            if getattr(cls, name) is getattr(pl.Callback, name):
-                self.__dict__[name] = None
+        skip_hooks(self, [n for n in BATCH_HOOKS if getattr(cls, n) is getattr(pl.Callback, n)])
         return self
+
+
+def skip_hooks(callback: pl.Callback, names: list[str] | tuple[str, ...], skip: bool = True):
+    """Lightning does not call these hooks of ``callback`` (``skip=False``: again does)."""
+    # Private: _call_callback_hooks (lightning/pytorch/trainer/call.py, 2.0 to 2.6) calls a
+    # hook only where ``callable(getattr(callback, name))``: None on the instance skips it.
+    # A subclass's own override, and super() calls, still find the class's method.
+    for name in names:
+        if skip:
+            callback.__dict__[name] = None
+        else:
+            callback.__dict__.pop(name, None)
 
 
 def is_logging_step(trainer: pl.Trainer) -> bool:

@@ -102,19 +102,6 @@ class IdleTimeMonitor(compat.Callback):
             make_profiler=torch_profiler(self.trace_steps, cuda=self.timer.is_cuda),
         )
 
-    # -- each step ------------------------------------------------------------------
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if self._clock is None:
-            return
-        if compat.is_logging_step(trainer):
-            self.windows.look_for_trigger()
-        try:
-            if self.windows.after_step(self.timer.steps_started):
-                self.timer.break_gap()  # the export runs in the next gap: not the GPU's idle
-        except ProfilerUnavailable as err:
-            log.warning("IdleTimeMonitor: profiler windows are off: %s", err)
-
     def on_validation_start(self, trainer, pl_module) -> None:
         if trainer.state.fn == "fit" and self._clock is not None:
             self.windows.stop(self.timer.steps_started)
@@ -125,6 +112,13 @@ class IdleTimeMonitor(compat.Callback):
 
     # -- what the step clock calls --------------------------------------------------------
 
+    def step_ended(self, samples: int | None) -> None:
+        try:
+            if self.windows.after_step(self.timer.steps_started):
+                self.timer.break_gap()  # the export runs in the next gap: not the GPU's idle
+        except ProfilerUnavailable as err:
+            log.warning("IdleTimeMonitor: profiler windows are off: %s", err)
+
     def take(self, timings) -> None:
         for t in timings:
             # Left out: start-up, and steps the profiler slowed down.
@@ -134,6 +128,7 @@ class IdleTimeMonitor(compat.Callback):
             self.series.add(t)
 
     def window_row(self) -> list[float]:
+        self.windows.look_for_trigger()  # a logging step: <run dir>/TRACE looked for here
         window = self.window.take()
         self.total.add(window)
         return window.as_list()

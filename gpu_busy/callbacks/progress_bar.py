@@ -16,6 +16,7 @@ Example::
 from __future__ import annotations
 
 import math
+import time
 
 import torch
 from lightning.pytorch.callbacks import TQDMProgressBar
@@ -33,15 +34,23 @@ class LoggingStepProgressBar(TQDMProgressBar, compat.Callback):
     Args:
         refresh_rate: batches between refreshes of the counter.
         leave: keep each epoch's bar on screen.
+        min_interval: seconds between refreshes at least (as tqdm's ``mininterval``), so that
+            short steps do not pay for a refresh every ``refresh_rate`` batches.
         metrics: names of logged metrics to show (None: every scalar logged metric,
             without the ``_step``/``_epoch`` duplicates).
     """
 
     def __init__(
-        self, refresh_rate: int = 1, leave: bool = False, metrics: list[str] | None = None
+        self,
+        refresh_rate: int = 1,
+        leave: bool = False,
+        metrics: list[str] | None = None,
+        min_interval: float = 0.5,
     ) -> None:
         super().__init__(refresh_rate=refresh_rate, leave=leave)
         self.metrics = metrics
+        self.min_interval = min_interval
+        self._refreshed = float("-inf")
         self._shown: dict[str, float] = {}
         self._late = LateRead()  # the last logging step's values, on their way to the host
         self._sent: list[str] = []  # their names
@@ -63,7 +72,16 @@ class LoggingStepProgressBar(TQDMProgressBar, compat.Callback):
         if self._send_now:  # the step before logged: its values are Lightning's now
             self._send(trainer, compat.metrics_at_last_step_end(trainer)[0])
         self._send_now = compat.is_logging_step(trainer)
-        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        n, bar = batch_idx + 1, self.train_progress_bar
+        last = bar is not None and n == bar.total
+        now = time.monotonic()
+        # A refresh formats and writes the bar (about 0.4 ms): at most every min_interval
+        # seconds, however short the step.
+        if last or (
+            n % max(1, self.refresh_rate) == 0 and now - self._refreshed >= self.min_interval
+        ):
+            self._refreshed = now
+            super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:
         self._send_now = False

@@ -41,6 +41,7 @@ from gpu_busy.syncs.watched_steps import WatchedSteps
 log = get_logger(__name__)
 
 _MAX_ROWS = 64  # per-step counts sent per logging window (a fixed size for all_gather)
+_PHASE_HOOKS = ("on_before_backward", "on_after_backward", "on_before_optimizer_step")
 
 
 class SyncPointDetector(compat.Callback):
@@ -132,6 +133,7 @@ class SyncPointDetector(compat.Callback):
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         if self.steps is not None:
             self.steps.step_starts(logging=compat.is_logging_step(trainer))
+            self._phases_seen(self.steps.watching)  # an epoch's first window opens here
 
     def on_before_backward(self, trainer, pl_module, loss) -> None:
         self._phase("backward")
@@ -157,6 +159,11 @@ class SyncPointDetector(compat.Callback):
         if logging_now:
             self._log_window(trainer)  # a collective: outside any window
         self.steps.next_window()
+        self._phases_seen(self.steps.watching)
+
+    def _phases_seen(self, watching: bool) -> None:
+        """The phase hooks only in a watched step: Lightning calls none in the others."""
+        compat.skip_hooks(self, _PHASE_HOOKS, skip=not watching)
 
     def on_validation_start(self, trainer, pl_module) -> None:
         if trainer.state.fn == "fit" and self.steps is not None:
@@ -177,6 +184,7 @@ class SyncPointDetector(compat.Callback):
         self._close()
 
     def _close(self) -> None:
+        self._phases_seen(True)
         self._layer.remove()
         if self._unwrap is not None:
             self._unwrap.close()

@@ -6,8 +6,9 @@
    (``bench.end_to_end``): images/s, idle share, syncs per step;
 2. prefetch overlap on a transfer-heavy workload (``bench.prefetch``; GPU only);
 3. idle-time accuracy against injected host delays (``bench.idle``; GPU only);
-4. overhead: every template callback on vs off (``bench.idle``), and the sync detector's
-   watched-step and amortised cost (``bench.syncs``);
+4. overhead: every template callback on vs off (``bench.idle``), the sync detector's
+   watched-step and amortised cost (``bench.syncs``), and the default callbacks' host cost
+   per step on a near-free model, per callback (``bench.host``, on the CPU);
 5. start-up: the command line to the first training step, one process and DDP
    (``bench.startup``).
 
@@ -26,15 +27,39 @@ from pathlib import Path
 
 import torch
 
-from bench import end_to_end, idle, prefetch, startup, syncs
+from bench import end_to_end, host, idle, prefetch, startup, syncs
 from bench.results import add_device_option, chosen_device, machine, save
 
 # steps, repeats per part: (quick, full) x (cpu, cuda)
 PLAN = {
-    ("quick", "cpu"): {"e2e": (20, 1), "overhead": (30, 1), "detector": (30, 1), "startup": 1},
-    ("full", "cpu"): {"e2e": (60, 3), "overhead": (100, 5), "detector": (150, 3), "startup": 3},
-    ("quick", "cuda"): {"e2e": (40, 1), "overhead": (60, 1), "detector": (60, 1), "startup": 1},
-    ("full", "cuda"): {"e2e": (150, 3), "overhead": (150, 3), "detector": (150, 3), "startup": 2},
+    ("quick", "cpu"): {
+        "e2e": (20, 1),
+        "overhead": (30, 1),
+        "detector": (30, 1),
+        "host": (100, 1),
+        "startup": 1,
+    },
+    ("full", "cpu"): {
+        "e2e": (60, 3),
+        "overhead": (100, 5),
+        "detector": (150, 3),
+        "host": (400, 7),
+        "startup": 3,
+    },
+    ("quick", "cuda"): {
+        "e2e": (40, 1),
+        "overhead": (60, 1),
+        "detector": (60, 1),
+        "host": (100, 1),
+        "startup": 1,
+    },
+    ("full", "cuda"): {
+        "e2e": (150, 3),
+        "overhead": (150, 3),
+        "detector": (150, 3),
+        "host": (400, 7),
+        "startup": 2,
+    },
 }
 NOT_RUN = "not run (no GPU)"
 
@@ -57,6 +82,7 @@ def run(device: str, quick: bool, log) -> dict:
         ),
         ("overhead", lambda: idle.overhead(device, *plan["overhead"])),
         ("detector_cost", lambda: syncs.measure_cost(device, *plan["detector"])),
+        ("host", lambda: host.run(*plan["host"])),  # the host's work: on the CPU everywhere
         (
             "startup",
             (lambda: startup.run(plan["startup"]))
@@ -142,6 +168,15 @@ def summary(results: dict, device: str) -> list[str]:
             f"{100 * d['watched_step_cost_from_medians']:+.0f}% / "
             f"{100 * d['amortised_cost_from_medians']:.2f}%",
             "amortised <= 1%",
+        )
+    )
+    h = results["host"]["loop"]
+    rows.append(
+        (
+            "  default callbacks' host cost (CPU)",
+            f"{h['ours_ms']:+.3f} ms/step, x{h['ratio']:.2f} of bare Lightning "
+            f"[{min(h['ratio_each']):.2f}, {max(h['ratio_each']):.2f}]",
+            "<= x1.10",
         )
     )
     st = results["startup"]

@@ -61,4 +61,11 @@ def test_quick_suite_runs_on_the_cpu_without_the_example_and_ends_with_its_table
     assert e2e["syncs"]["template"]["steady_syncs_per_batch"] == 0
     assert e2e["syncs"]["plain"]["steady_syncs_per_batch"] >= 1
     assert results["startup"]["single"]["to_first_step_s"] > 0
+    # The host cost: every default callback (and the plugin's save) timed, on the CPU.
+    host = results["host"]
+    assert {"SyncPointDetector", "StepClock", "BackgroundCheckpointIO"} <= set(
+        host["per_callback"]["rows"]
+    )
+    assert host["loop"]["step_ms"]["lightning"] > host["loop"]["step_ms"]["plain"] > 0
+    assert "default callbacks' host cost" in rows
     assert results["machine"]["command"].startswith("python -m bench")

@@ -14,9 +14,10 @@ else. Every callback and plugin that ``configs/default.yaml`` lists is built fro
   own cost is ``lightning - plain``; ours is ``template - lightning``, per repeat, with
   the spread. The goal: ours at most 10% of the bare Lightning step.
 - **Per callback.** One more fit with the callbacks, their hooks (and the plugin's save)
-  each timed, exclusive of the hooks they call: ms per steady step, per logging step and
-  per save, and once per fit (set-up, epoch ends, reports). What the hooks do not explain
-  (routing layers, wrappers) is the loop's cost less their steady-step sum.
+  each timed, exclusive of the hooks they call, and the reads of each routing layer a
+  callback puts on the loader: ms per steady step, per logging step and per save, and once
+  per fit (set-up, epoch ends, reports). What they do not explain (Lightning's dispatch of
+  the hooks, wrappers around Lightning's functions) is the loop's cost less their sum.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ TIMED = (
     *(n for n in dir(pl.Callback) if n.startswith("on_") or n in ("setup", "teardown")),
     "state_dict",
 )
+DATA = "(the DataLoader: not ours)"
 TRAIN_BATCH_HOOKS = {n for n in compat.BATCH_HOOKS if "_validation_" not in n and "_test_" not in n
                      and "_predict_" not in n}  # fmt: skip
 
@@ -213,6 +215,46 @@ class _HookTimes:
         timed._timed = True
         setattr(owner, name, timed)
 
+    def wrap_layer(self, make_iterator, row: str):
+        """A routing layer's iterator, each read timed as ``row``'s (counted with the step
+        before it: the loop reads the next batch before the next step's hooks)."""
+        times = self
+
+        class Below:  # what the layer reads from: at the bottom, the DataLoader
+            def __init__(self, items) -> None:
+                self.items = items
+
+            def __iter__(self):
+                return self
+
+            def __next__(self):
+                return times.call(next, self.items, row=DATA, hook="read")
+
+        class Timed:
+            def __init__(self, items) -> None:
+                self.items = make_iterator(Below(items))
+
+            def __iter__(self):
+                return self
+
+            def __next__(self):
+                return times.call(next, self.items, row=row, hook="read")
+
+        return Timed
+
+    def call(self, fn, *args, row: str, hook: str):
+        self._stack.append(0.0)
+        t0 = time.perf_counter()
+        try:
+            return fn(*args)
+        finally:
+            spent = time.perf_counter() - t0
+            inner = self._stack.pop()
+            if self._stack:
+                self._stack[-1] += spent
+            bucket = "save" if self._saving else self._batch
+            self.ms[(row, bucket)] = self.ms.get((row, bucket), 0.0) + 1e3 * (spent - inner)
+
     def batch_starts(self, logging_step: bool) -> None:
         self._batch = "logging" if logging_step else "steady"
         self.steps[self._batch] += 1
@@ -221,12 +263,28 @@ class _HookTimes:
 class _Instrument(pl.Callback):
     """First in the list: tells each batch's kind, and at the first batch wraps every
     callback's hooks, once the callbacks' own set-up has placed them (the step clock's two
-    marks are named after it)."""
+    marks are named after it). Last in the list (``layers=True``): at each epoch's start,
+    after the callbacks routed the loader, times each routing layer's reads."""
 
-    def __init__(self, times: _HookTimes, names: dict[int, str]) -> None:
-        self.times, self.names, self._wrapped = times, names, False
+    # whose routing layer each is (gpu_busy.batch_routing layer names)
+    LAYERS = (("clock-", "StepClock"), ("syncs-", "SyncPointDetector"),
+              ("stop-on-signal", "StopOnSignal"), ("prefetch", "StreamPrefetcher"))  # fmt: skip
+
+    def __init__(self, times: _HookTimes, names: dict[int, str], layers: bool = False) -> None:
+        self.times, self.names, self._wrapped, self.layers = times, names, False, layers
+
+    def on_train_epoch_start(self, trainer, pl_module) -> None:
+        loader = compat.combined_loader(trainer.fit_loop)
+        for name, (position, make) in list(getattr(loader, "_routing_layers", {}).items()):
+            if self.layers and not getattr(make, "_timed", False):
+                row = next((r for prefix, r in self.LAYERS if name.startswith(prefix)), name)
+                timed = self.times.wrap_layer(make, row)
+                timed._timed = True
+                loader._routing_layers[name] = (position, timed)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if self.layers:
+            return
         if not self._wrapped:
             self._wrapped = True
             self._wrap(trainer)
@@ -236,7 +294,7 @@ class _Instrument(pl.Callback):
         clock = StepClock.of(trainer)
         edges = {id(e) for e in clock._edges} if clock is not None else set()
         for cb in trainer.callbacks:
-            if cb is self:
+            if isinstance(cb, _Instrument):
                 continue
             row = "StepClock" if id(cb) in edges else self.names.get(id(cb), type(cb).__name__)
             for name in TIMED:
@@ -264,10 +322,10 @@ def per_callback(steps: int, epochs: int = 3) -> dict:
         names.update({id(c): "ModelCheckpoint (last)" for c in callbacks
                       if type(c).__name__ == "ModelCheckpoint"})  # fmt: skip
     times = _HookTimes()
-    instrument = _Instrument(times, names)
+    instrument, layers = _Instrument(times, names), _Instrument(times, names, layers=True)
     with tempfile.TemporaryDirectory() as folder:
         trainer = _trainer(
-            folder, steps * epochs, [instrument, *callbacks], plugins,
+            folder, steps * epochs, [instrument, *callbacks, layers], plugins,
             max_epochs=epochs, limit_val_batches=4, num_sanity_val_steps=0,
         )  # fmt: skip
         torch.manual_seed(0)
@@ -329,10 +387,12 @@ def table(results: dict) -> list[str]:
             f"{name:<28}{_ms(r['steady']):>12}{_ms(r['logging']):>14}{_ms(r['save']):>10}"
             f"{_ms(r['fit'], '.1f'):>10}"
         )
-    hooks = sum(r["steady"] or 0.0 for r in pc["rows"].values())
-    lines.append(f"{'all hooks':<28}{hooks:>12.4f}")
+    hooks = sum(r["steady"] or 0.0 for name, r in pc["rows"].items() if name != DATA)
+    lines.append(f"{'all of the above':<28}{hooks:>12.4f}")
     outside = lp["ours_ms"] - hooks
-    lines.append(f"{'outside the hooks':<28}{outside:>12.4f}   (the loop's cost less the hooks')")
+    lines.append(
+        f"{'the rest':<28}{outside:>12.4f}   (the loop's cost less the above: dispatch, wrappers)"
+    )
     return lines
 
 

@@ -14,8 +14,9 @@ As the careful implementations do: one side stream, kept; an event after each co
 ``record_stream`` on every handed-out tensor, so the caching allocator cannot reuse its
 memory while the compute stream still reads it; pageable batches pinned first, in a
 background thread, because ``non_blocking`` from pageable memory blocks the host.
-Collections are walked with ``apply_to_collection``: tensors in dicts, lists, tuples,
-namedtuples and dataclasses move, everything else passes through. On a non-CUDA device
+A batch is walked once (torch's pytree for the usual lists, tuples, dicts and
+namedtuples of tensors; ``apply_to_collection`` where a leaf is a dataclass or another
+object): tensors move, everything else passes through. On a non-CUDA device
 the same look-ahead runs with a synchronous move, so the bookkeeping is tested anywhere.
 
 Example::
@@ -35,11 +36,12 @@ from abc import ABC
 from collections import deque
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from lightning_utilities.core.apply_func import apply_to_collection
+from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from gpu_busy.event_pool import EventPool, cuda_event
 from gpu_busy.window_sums import WindowSums
@@ -100,13 +102,54 @@ class InFlightBatch:
     host_copy_ms: float | None = None  # non-CUDA: host time of the synchronous move
     pageable: bool = False
     unmoved: bool = False  # handed over as it came: Lightning moves it
+    tensors: list = field(default_factory=list)  # the moved tensors, for record_stream
 
 
-def _move(batch: Any, device: torch.device, non_blocking: bool) -> Any:
-    def move(t: torch.Tensor) -> torch.Tensor:
-        return t if t.device == device else t.to(device, non_blocking=non_blocking)
+class _Leaves:
+    """A batch's tensors, found in one walk, and the batch rebuilt around new ones.
 
-    return apply_to_collection(batch, torch.Tensor, move)
+    A tree of lists, tuples, dicts and namedtuples whose leaves are tensors or plain values
+    (the usual batch) is flattened once by torch's pytree; any other leaf (a dataclass, an
+    object with its own ``.to``) takes ``apply_to_collection``'s walk, as Lightning's own
+    transfer does. ``mover`` is the type of a leaf that moves itself with ``.to``, or None.
+    """
+
+    __slots__ = ("_rebuild", "mover", "tensors")
+
+    def __init__(self, batch: Any) -> None:
+        leaves, spec = tree_flatten(batch)
+        if all(isinstance(x, _SIMPLE) for x in leaves):
+            slots = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
+            self.tensors: list[torch.Tensor] = [leaves[i] for i in slots]
+            self.mover: type | None = None
+
+            def rebuild(tensors: list[torch.Tensor]) -> Any:
+                out = list(leaves)
+                for i, t in zip(slots, tensors, strict=True):
+                    out[i] = t
+                return tree_unflatten(out, spec)
+
+        else:
+            self.tensors, movers = [], []
+
+            def see(leaf: Any) -> Any:
+                if isinstance(leaf, torch.Tensor):
+                    self.tensors.append(leaf)
+                elif not movers:
+                    movers.append(type(leaf))
+                return leaf
+
+            apply_to_collection(batch, _Movable, see)
+            self.mover = movers[0] if movers else None
+
+            def rebuild(tensors: list[torch.Tensor]) -> Any:
+                it = iter(tensors)
+                return apply_to_collection(batch, torch.Tensor, lambda _: next(it))
+
+        self._rebuild = rebuild
+
+    def rebuild(self, tensors: list[torch.Tensor]) -> Any:
+        return self._rebuild(tensors)
 
 
 class _Movable(ABC):  # noqa: B024 - a structural check, nothing to implement
@@ -118,6 +161,9 @@ class _Movable(ABC):  # noqa: B024 - a structural check, nothing to implement
         return callable(getattr(subclass, "to", None)) if cls is _Movable else NotImplemented
 
 
+_SIMPLE = (torch.Tensor, int, float, bool, str, bytes, type(None))
+
+
 def self_moving_leaf(batch: Any) -> type | None:
     """The type of a leaf that moves itself (a ``.to`` method, not a tensor), or None.
 
@@ -125,27 +171,7 @@ def self_moving_leaf(batch: Any) -> type | None:
     tensors inside it, so it could not keep their memory from being reused while the
     compute stream reads them (``record_stream``). Such batches are left to Lightning.
     """
-    found: list[type] = []
-
-    def check(leaf: Any) -> Any:
-        if not found and not isinstance(leaf, torch.Tensor):
-            found.append(type(leaf))
-        return leaf
-
-    apply_to_collection(batch, _Movable, check)
-    return found[0] if found else None
-
-
-def _has_pageable(batch: Any) -> bool:
-    found = []
-
-    def check(t: torch.Tensor) -> torch.Tensor:
-        if not found and t.device.type == "cpu" and not t.is_pinned():
-            found.append(True)
-        return t
-
-    apply_to_collection(batch, torch.Tensor, check)
-    return bool(found)
+    return _Leaves(batch).mover
 
 
 class StreamCopier:
@@ -187,11 +213,11 @@ class StreamCopier:
         return self._stream
 
     def start(self, batch: Any) -> InFlightBatch:
-        unmovable = self_moving_leaf(batch)
-        if unmovable is not None:
+        leaves = _Leaves(batch)  # the one walk of the batch
+        if leaves.mover is not None:
             self._warn_once(
                 "unmoved",
-                f"StreamPrefetcher leaves batches holding {unmovable.__name__} to Lightning: "
+                f"StreamPrefetcher leaves batches holding {leaves.mover.__name__} to Lightning: "
                 "it moves itself with .to(), and the prefetcher cannot see the tensors inside "
                 "to keep their memory safe on a side stream. Those batches are copied on the "
                 "compute stream, without overlap; return tensors, dicts or dataclasses of "
@@ -200,16 +226,16 @@ class StreamCopier:
             return InFlightBatch(batch, unmoved=True)
         if not self.is_cuda:
             t0 = time.perf_counter()
-            moved = _move(batch, self.device, non_blocking=False)
+            moved = leaves.rebuild([_to(t, self.device, False) for t in leaves.tensors])
             return InFlightBatch(moved, host_copy_ms=1e3 * (time.perf_counter() - t0))
-        if _has_pageable(batch):
+        if any(t.device.type == "cpu" and not t.is_pinned() for t in leaves.tensors):
             self._warn_once("pageable", PAGEABLE_WARNING)
             if self.pin_memory:
                 if self._pin_pool is None:
                     self._pin_pool = ThreadPoolExecutor(1, thread_name_prefix="prefetch-pin")
-                return InFlightBatch(pinning=self._pin_pool.submit(self._pin_and_copy, batch))
-            return self._copy(batch, pageable=True)
-        return self._copy(batch)
+                return InFlightBatch(pinning=self._pin_pool.submit(self._pin_and_copy, leaves))
+            return self._copy(leaves, leaves.tensors, pageable=True)
+        return self._copy(leaves, leaves.tensors)
 
     def finish(self, in_flight: InFlightBatch, stats: PrefetchStats) -> Any:
         """Make the current stream wait for this batch's copy; return the device batch."""
@@ -236,7 +262,9 @@ class StreamCopier:
             else:
                 reached.record(consumer)
         consumer.wait_event(in_flight.ready)
-        apply_to_collection(in_flight.batch, torch.Tensor, lambda t: _record(t, consumer))
+        for t in in_flight.tensors:
+            if t.is_cuda:
+                t.record_stream(consumer)
         if reached is not None:
             self._pending.append((in_flight.copy_start, in_flight.ready, reached, stats))
         self.poll()
@@ -278,7 +306,9 @@ class StreamCopier:
 
     # -- internals ---------------------------------------------------------------
 
-    def _copy(self, batch: Any, pageable: bool = False) -> InFlightBatch:
+    def _copy(
+        self, leaves: _Leaves, tensors: list[torch.Tensor], pageable: bool = False
+    ) -> InFlightBatch:
         start = self._events.acquire()
         ready = self._events.acquire() if start is not None else None
         if start is not None and ready is None:
@@ -289,21 +319,22 @@ class StreamCopier:
         with torch.cuda.stream(self.stream):
             if start is not None:
                 start.record()
-            moved = _move(batch, self.device, non_blocking=True)
+            moved = [_to(t, self.device, True) for t in tensors]
             ready.record()
         if start is not None:
             with self._lock:
                 self._issued[id(start)] = (start, ready)
-        return InFlightBatch(moved, ready=ready, copy_start=start, pageable=pageable)
+        return InFlightBatch(
+            leaves.rebuild(moved), ready=ready, copy_start=start, pageable=pageable, tensors=moved
+        )
 
-    def _pin_and_copy(self, batch: Any) -> InFlightBatch:
+    def _pin_and_copy(self, leaves: _Leaves) -> InFlightBatch:
         with torch.cuda.device(self.device):
-            pinned = apply_to_collection(
-                batch,
-                torch.Tensor,
-                lambda t: t.pin_memory() if t.device.type == "cpu" and not t.is_pinned() else t,
-            )
-            return self._copy(pinned, pageable=True)
+            pinned = [
+                t.pin_memory() if t.device.type == "cpu" and not t.is_pinned() else t
+                for t in leaves.tensors
+            ]
+            return self._copy(leaves, pinned, pageable=True)
 
     def _warn_once(self, kind: str, message: str) -> None:
         with self._lock:
@@ -313,10 +344,8 @@ class StreamCopier:
         warnings.warn(message, stacklevel=3)
 
 
-def _record(t: torch.Tensor, stream: torch.cuda.Stream) -> torch.Tensor:
-    if t.is_cuda:
-        t.record_stream(stream)
-    return t
+def _to(t: torch.Tensor, device: torch.device, non_blocking: bool) -> torch.Tensor:
+    return t if t.device == device else t.to(device, non_blocking=non_blocking)
 
 
 class PrefetchIterator(Iterator):

@@ -34,6 +34,7 @@ from gpu_busy.callbacks.ranks import gather_rows
 from gpu_busy.cuda_sync_warnings import debug_mode
 from gpu_busy.idle import StepTimer, SyncMarks, TimedReads
 
+_BACKWARD = ("on_before_backward", "on_after_backward")
 _CLOCKS: weakref.WeakKeyDictionary[pl.Trainer, StepClock] = weakref.WeakKeyDictionary()
 
 
@@ -47,6 +48,8 @@ class StepClock:
         self.samples = 0  # every step's, timed or not (None: a batch had no size)
         self._layer = batch_routing.Layer(f"clock-{id(self):x}", position=0)
         self._edges = (_StepEnd(self), _StepStart(self))
+        # The host's time in backward() holds a slower rank's wait under DDP: timed there only
+        compat.skip_hooks(self._edges[1], _BACKWARD, skip=trainer.world_size == 1)
         self._trainer = weakref.ref(trainer)
         # A new list, not an insert: Lightning is iterating the old one to call a hook.
         trainer.callbacks = [self._edges[0], *trainer.callbacks, self._edges[1]]
@@ -175,6 +178,12 @@ class _StepStart(compat.Callback):
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         self.clock._step_started()
+
+    def on_before_backward(self, trainer, pl_module, loss) -> None:
+        self.clock.timer.backward_begins()
+
+    def on_after_backward(self, trainer, pl_module) -> None:
+        self.clock.timer.backward_ended()
 
 
 def _batch_size(batch: Any) -> int | None:

@@ -55,8 +55,7 @@ class IdleStats(WindowSums):
         self.transfer_ms += t.transfer_ms or 0.0
         self.copy_ms += t.copy_ms or 0.0
         self.idle_ms += t.idle_ms
-        for cause in cause_table.names():
-            name = f"idle_{cause}_ms"
+        for cause, name in _FIELDS:
             setattr(self, name, getattr(self, name) + (t.causes.get(cause) or 0.0))
 
     def means(self, cuda: bool) -> dict[str, float | None]:
@@ -82,6 +81,9 @@ class IdleStats(WindowSums):
             out[name] = getattr(self, name) / m if known else None
         out["cuda_syncs_per_batch"] = self.syncs / n if n and cuda else None
         return out
+
+
+_FIELDS = tuple((cause, f"idle_{cause}_ms") for cause in cause_table.names())
 
 
 class StepSeries:

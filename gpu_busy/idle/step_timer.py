@@ -75,7 +75,7 @@ class StepTiming:
         return self.idle_ms + (self.transfer_ms or 0.0) + self.device_ms
 
 
-@dataclass
+@dataclass(slots=True)
 class _Step:
     step: int
     prev_end: Any  # the previous step's end event; None when the gap is not a boundary

@@ -398,3 +398,70 @@ def test_lightning_moves_to_the_cpu_as_to_cuda_until_undone():
     finally:
         undo()
     assert moved() == [False]
+
+
+def test_lightning_skips_a_callback_hook_that_is_none(tmp_path):
+    from lightning.pytorch.demos.boring_classes import BoringModel
+
+    calls = []
+
+    class EndsOnly(compat.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            calls.append("end")
+
+    class AlsoBackward(EndsOnly):  # a subclass's own override is called, and its super()
+        def on_before_backward(self, trainer, pl_module, loss):
+            calls.append("backward")
+            super().on_before_backward(trainer, pl_module, loss)
+
+    ends_only, also = EndsOnly(), AlsoBackward()
+    assert ends_only.on_before_backward is None and ends_only.on_train_batch_start is None
+    assert callable(also.on_before_backward)
+    trainer = quiet_trainer(max_steps=3, callbacks=[ends_only, also], default_root_dir=tmp_path)
+    trainer.fit(BoringModel())
+    assert (
+        calls == ["end", "backward", "end"] * 3 or sorted(calls) == ["backward"] * 3 + ["end"] * 6
+    )
+    compat.skip_hooks(ends_only, ["on_train_batch_end"])
+    calls.clear()
+    trainer = quiet_trainer(max_steps=2, callbacks=[ends_only], default_root_dir=tmp_path)
+    trainer.fit(BoringModel())
+    assert calls == []  # None on the instance: Lightning's dispatch never called it
+    compat.skip_hooks(ends_only, ["on_train_batch_end"], skip=False)
+    assert callable(ends_only.on_train_batch_end)
+
+
+def test_metrics_at_the_last_step_end_are_lightnings_stored_dicts(tmp_path):
+    import torch
+    from lightning.pytorch.demos.boring_classes import BoringModel
+
+    seen = {}
+
+    class Logs(BoringModel):
+        def training_step(self, batch, batch_idx):
+            out = super().training_step(batch, batch_idx)
+            self.log("a", out["loss"])
+            self.log("b", out["loss"], prog_bar=True)
+            return out
+
+    class Probe(pl.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            if batch_idx == 2:
+                seen["callback"], seen["pbar"] = compat.metrics_at_last_step_end(trainer)
+
+    trainer = quiet_trainer(max_steps=3, callbacks=[Probe()], default_root_dir=tmp_path)
+    trainer.fit(Logs())
+    # the logged tensors as they are; prog_bar values as the numbers Lightning converted
+    assert isinstance(seen["callback"]["a"], torch.Tensor)
+    assert isinstance(seen["pbar"]["b"], float)
+
+
+def test_model_checkpoint_looks_for_its_monitor_in_save_topk_checkpoint():
+    import inspect
+
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    params = list(inspect.signature(ModelCheckpoint._save_topk_checkpoint).parameters)
+    assert params == ["self", "trainer", "monitor_candidates"]
+    source = inspect.getsource(ModelCheckpoint._save_topk_checkpoint)
+    assert "self.monitor not in monitor_candidates" in source

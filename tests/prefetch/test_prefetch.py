@@ -100,6 +100,40 @@ def test_collections_keep_their_shape_and_non_tensor_fields(copier):
     assert torch.equal(out["sample"].meta["w"], torch.ones(1))
 
 
+@pytest.mark.parametrize("walk", ["pytree", "apply_to_collection"])
+def test_one_walk_finds_every_tensor_and_rebuilds_the_batch_around_new_ones(walk):
+    from lightning_utilities.core.apply_func import apply_to_collection
+
+    from gpu_busy.prefetch import _Leaves
+
+    batch = {
+        "pair": Pair(torch.ones(2), torch.tensor([1, 2])),
+        "list": [torch.zeros(1), "text", 3, None],
+        "tuple": (torch.arange(3), 2.5),
+    }
+    if walk == "apply_to_collection":  # a dataclass leaf: pytree cannot see inside it
+        batch["sample"] = Sample(torch.ones(2, 2), ["a"], {"w": torch.ones(1)})
+    leaves = _Leaves(batch)
+    expected = []
+    apply_to_collection(batch, torch.Tensor, expected.append)
+    assert [id(t) for t in leaves.tensors] == [id(t) for t in expected]
+    assert leaves.mover is None
+    doubled = leaves.rebuild([t * 2 for t in leaves.tensors])
+    reference = apply_to_collection(batch, torch.Tensor, lambda t: t * 2)
+    flat = lambda b: apply_to_collection(b, torch.Tensor, lambda t: t.tolist())  # noqa: E731
+    assert flat(doubled) == flat(reference) and isinstance(doubled["pair"], Pair)
+
+
+def test_a_leaf_that_moves_itself_is_found_in_the_walk():
+    from gpu_busy.prefetch import _Leaves
+
+    class Moves:
+        def to(self, device, non_blocking=False):
+            return self
+
+    assert _Leaves((torch.ones(1), Moves())).mover is Moves
+
+
 def test_batches_and_copies_are_counted(copier):
     stats = PrefetchStats()
     list(PrefetchIterator(CountingSource(4, delay=0.02), copier, stats=stats))
@@ -193,7 +227,7 @@ def test_fits_that_stop_early_give_their_in_flight_copies_events_back(monkeypatc
     monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
     monkeypatch.setattr(torch.cuda, "stream", lambda stream: contextlib.nullcontext())
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: FakeStream())
-    monkeypatch.setattr(prefetch, "_move", lambda batch, device, non_blocking: batch)
+    monkeypatch.setattr(prefetch, "_to", lambda t, device, non_blocking: t)
     copier = StreamCopier("cuda:0", pin_memory=False, timing_events=8)
     copier._stream = FakeStream()
     for _fit in range(3):

@@ -43,8 +43,20 @@ class Callback(pl.Callback):
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Callback:
         self = super().__new__(cls)
-        skip_hooks(self, [n for n in BATCH_HOOKS if getattr(cls, n) is getattr(pl.Callback, n)])
+        skip_empty_hooks(self)
         return self
+
+
+def skip_empty_hooks(callback: pl.Callback) -> list[str]:
+    """Lightning no longer calls the per-batch hooks ``callback``'s class leaves empty (and
+    has not been told to skip yet); returns their names, for ``skip_hooks(..., skip=False)``."""
+    cls = type(callback)
+    names = [
+        n for n in BATCH_HOOKS
+        if getattr(cls, n) is getattr(pl.Callback, n) and n not in callback.__dict__
+    ]  # fmt: skip
+    skip_hooks(callback, names)
+    return names
 
 
 def skip_hooks(callback: pl.Callback, names: list[str] | tuple[str, ...], skip: bool = True):

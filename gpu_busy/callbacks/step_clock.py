@@ -53,6 +53,9 @@ class StepClock:
         self._trainer = weakref.ref(trainer)
         # A new list, not an insert: Lightning is iterating the old one to call a hook.
         trainer.callbacks = [self._edges[0], *trainer.callbacks, self._edges[1]]
+        # The fit's other callbacks too (Lightning's ModelCheckpoint, a user's): Lightning
+        # skips the per-batch hooks each leaves empty, for this fit (lightning_compat.Callback)
+        self._skipped = [(c, compat.skip_empty_hooks(c)) for c in trainer.callbacks]
         self.route(trainer)
 
     @classmethod
@@ -100,6 +103,9 @@ class StepClock:
         if self._edges:
             trainer.callbacks = [c for c in trainer.callbacks if c not in self._edges]
         self._edges = ()
+        for callback, names in self._skipped:
+            compat.skip_hooks(callback, names, skip=False)
+        self._skipped = []
         _CLOCKS.pop(trainer, None)
 
     # -- each step, from the edges --------------------------------------------------------

@@ -110,10 +110,10 @@ class SyncPointDetector(compat.Callback):
         self.steps = WatchedSteps(
             self.detector, self.schedule, self.strict, on_open=lambda: self._ddp_map(trainer)
         )
-        # Strict covers the step and the loop's own work, never a callback's hooks.
-        self._unwrap.callback(
-            compat.around_callback_hooks(self.steps.hooks_begin, self.steps.hooks_end)
-        )
+        if self.strict:  # strict covers the step and the loop's work, never a callback's hooks
+            self._unwrap.callback(
+                compat.around_callback_hooks(self.steps.hooks_begin, self.steps.hooks_end)
+            )
         if self.detector.simulating and trainer.strategy.root_device.type == "cpu":
             # Lightning moves to the device as it does to a GPU (on a GPU run told to
             # simulate, its copies to the host must stay blocking)

@@ -32,6 +32,10 @@ Syncs per step, every step watched, ``log_every_n_steps=10``:
   ``StreamPrefetcher``, ``StopOnSignal``).
 
 Counted per watched step and per steady step (not a logging step or the one after it).
+
+Where a watched step's time goes (``per_layer``): one step outside Lightning, timed plain,
+under each of the detector's two kinds of layer left empty, and under the detector; per
+Python-level call and per aten op.
 On a CPU the detector simulates a GPU run (``SyncDetector.on_device``: host tensors are
 told apart from device tensors as a GPU run would).
 """
@@ -180,6 +184,87 @@ def measure_cost(device: str, steps: int, repeats: int) -> dict:
     }
 
 
+def per_layer(device: str, steps: int = 10, repeats: int = 5) -> dict:
+    """Where a watched step's host time goes. One training step of the benchmarks' model
+    (forward, loss, backward, SGD step, outside Lightning) timed plain, under an empty
+    ``TorchFunctionMode`` (the function layer's mere presence), an empty
+    ``TorchDispatchMode`` (the dispatch layer's), both, and under ``detect_syncs`` (the
+    layers and the detector's work in them); per aten op and per Python-level call."""
+    import contextlib
+
+    import torch.nn.functional as F
+    from torch.overrides import TorchFunctionMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from gpu_busy.syncs import detect_syncs
+
+    class Calls(TorchFunctionMode):
+        n = 0
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            Calls.n += 1
+            return func(*args, **(kwargs or {}))
+
+    class Ops(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Ops.n += 1
+            return func(*args, **(kwargs or {}))
+
+    setup = _setup(device)
+    torch.manual_seed(0)
+    model = Classifier(width=setup["width"]).to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(setup["batch_size"], 3, 32, 32, device=device)
+    y = torch.randint(0, 10, (setup["batch_size"],), device=device)
+
+    def step() -> None:
+        F.cross_entropy(model(x), y).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+    def both() -> contextlib.ExitStack:
+        stack = contextlib.ExitStack()
+        stack.enter_context(Calls())
+        stack.enter_context(Ops())
+        return stack
+
+    arms = {
+        "plain": contextlib.nullcontext,
+        "function mode": Calls,
+        "dispatch mode": Ops,
+        "both modes": both,
+        "detector": lambda: detect_syncs(device_type=device),
+    }
+    step()  # warm-up
+    ms: dict[str, list[float]] = {name: [] for name in arms}
+    for _ in range(repeats):  # interleaved
+        for name, arm in arms.items():
+            with arm():
+                Calls.n = Ops.n = 0
+                if device == "cuda":
+                    torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                for _ in range(steps):
+                    step()
+                if device == "cuda":
+                    torch.cuda.synchronize()
+                ms[name].append(1e3 * (time.perf_counter() - t0) / steps)
+                if name == "both modes":
+                    calls, ops = Calls.n // steps, Ops.n // steps
+    med = {name: statistics.median(v) for name, v in ms.items()}
+    return {
+        "calls_per_step": calls,
+        "ops_per_step": ops,
+        "ms_per_step": med,
+        "us_per_call_function_mode": 1e3 * (med["function mode"] - med["plain"]) / calls,
+        "us_per_op_dispatch_mode": 1e3 * (med["dispatch mode"] - med["plain"]) / ops,
+        "detector_over_both_modes_us_per_op": 1e3 * (med["detector"] - med["both modes"]) / ops,
+        "watched_step_cost": med["detector"] / med["plain"] - 1,
+    }
+
+
 def count_syncs(device: str, steps: int) -> dict:
     results = {}
     runs = {
@@ -234,6 +319,19 @@ def table(results: dict) -> str:
         + ", ".join(f"{100 * c:.2f}%" for c in cost["amortised_from_medians_each"])
     )
     lines.append(f"  the detector's own estimate of its fit-time cost: {estimates or 'n/a'}")
+    layer = results["layers"]
+    m = layer["ms_per_step"]
+    lines.append(
+        f"where a watched step's host time goes ({layer['calls_per_step']} Python-level calls, "
+        f"{layer['ops_per_step']} aten ops per step; ms per step):"
+    )
+    lines.append("  " + ", ".join(f"{name} {v:.2f}" for name, v in m.items()))
+    lines.append(
+        f"  an empty function mode {layer['us_per_call_function_mode']:.1f} us per call, an "
+        f"empty dispatch mode {layer['us_per_op_dispatch_mode']:.1f} us per op, the "
+        f"detector's own work {layer['detector_over_both_modes_us_per_op']:.1f} us per op "
+        f"beyond both: a watched step {100 * layer['watched_step_cost']:+.0f}%"
+    )
     lines.append("syncs per step (every step watched):")
     lines.append(f"  {'':<8} {'all':>6} {'steady':>7}")
     for name in ("before", "after"):
@@ -253,7 +351,11 @@ def main(argv: list[str] | None = None) -> int:
     steps = args.steps or (300 if device == "cuda" else 150)
     if steps < 20:
         parser.error("--steps must be 20 or more")
-    results = {"cost": measure_cost(device, steps, args.repeats), "syncs": count_syncs(device, 40)}
+    results = {
+        "cost": measure_cost(device, steps, args.repeats),
+        "syncs": count_syncs(device, 40),
+        "layers": per_layer(device),
+    }
     results["machine"] = machine("bench.syncs", device, argv, setup=_setup(device), steps=steps)
     save(results, args.out, "syncs.json")
     print(table(results))

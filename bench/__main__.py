@@ -8,7 +8,7 @@
 3. idle-time accuracy against injected host delays (``bench.idle``; GPU only);
 4. overhead: every template callback on vs off (``bench.idle``), the sync detector's
    watched-step and amortised cost (``bench.syncs``), and the default callbacks' host cost
-   per step on a near-free model, per callback (``bench.host``, on the CPU);
+   per step on a near-free model, per callback (``bench.host``);
 5. start-up: the command line to the first training step, one process and DDP
    (``bench.startup``).
 
@@ -82,7 +82,7 @@ def run(device: str, quick: bool, log) -> dict:
         ),
         ("overhead", lambda: idle.overhead(device, *plan["overhead"])),
         ("detector_cost", lambda: syncs.measure_cost(device, *plan["detector"])),
-        ("host", lambda: host.run(*plan["host"])),  # the host's work: on the CPU everywhere
+        ("host", lambda: host.run(*plan["host"], device)),
         (
             "startup",
             (lambda: startup.run(plan["startup"]))
@@ -173,7 +173,7 @@ def summary(results: dict, device: str) -> list[str]:
     h = results["host"]["loop"]
     rows.append(
         (
-            "  default callbacks' host cost (CPU)",
+            f"  default callbacks' host cost ({device})",
             f"{h['ours_ms']:+.3f} ms/step, x{h['ratio']:.2f} of bare Lightning "
             f"[{min(h['ratio_each']):.2f}, {max(h['ratio_each']):.2f}]",
             "<= x1.10",

@@ -1,10 +1,12 @@
 """Host cost: what the default config's callbacks and plugin add to each step, on the CPU.
 
-    python -m bench.host [--out DIR] [--steps 400] [--repeats 7]
+    python -m bench.host [--out DIR] [--steps 400] [--repeats 7] [--device cpu|cuda|auto]
 
-The host's work per step is the same work on a GPU machine, so it is measured here, on a
-model whose step is one ``nn.Linear`` on 8 features: the loop's host work and nothing
-else. Every callback and plugin that ``configs/default.yaml`` lists is built from it.
+The host's work per step is the same work on a GPU machine, so it is measured on the CPU
+by default, on a model whose step is one ``nn.Linear`` on 8 features: the loop's host work
+and nothing else (``--device cuda`` runs the same fits on a GPU, where the device's event
+records and queries join it). Every callback and plugin that ``configs/default.yaml``
+lists is built from it.
 
 - **Loop.** Three kinds of fit, interleaved ``--repeats`` times so drift hits all alike:
   ``plain`` PyTorch (the same model, DataLoader and optimizer, no Lightning),
@@ -41,12 +43,13 @@ from lightning.pytorch.loggers import CSVLogger
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from bench.results import machine, save
+from bench.results import chosen_device, machine, save
 from gpu_busy import lightning_compat as compat
 from gpu_busy.callbacks.step_clock import StepClock
 
 CONFIG = Path(__file__).resolve().parent.parent / "configs" / "default.yaml"
 FEATURES, BATCH, LOG_EVERY, SKIP = 8, 8, 20, 20
+DEVICE = ["cpu"]  # where the fits run (run's device)
 # Hooks Lightning calls on callbacks, and the calls it makes on them directly at a save.
 TIMED = (
     *(n for n in dir(pl.Callback) if n.startswith("on_") or n in ("setup", "teardown")),
@@ -84,7 +87,7 @@ def _loader(steps: int, seed: int = 0) -> DataLoader:
     data = TensorDataset(
         torch.randn(n, FEATURES, generator=g), torch.randint(0, 2, (n,), generator=g)
     )
-    return DataLoader(data, batch_size=BATCH)
+    return DataLoader(data, batch_size=BATCH, pin_memory=DEVICE[0] == "cuda")
 
 
 def default_config_parts() -> tuple[list[pl.Callback], list[Any]]:
@@ -111,7 +114,7 @@ class _StepEnds(pl.Callback):
 
 def _trainer(folder: str, steps: int, callbacks: list, plugins: list | None, **kw) -> pl.Trainer:
     return pl.Trainer(
-        accelerator="cpu",
+        accelerator=DEVICE[0],
         devices=1,
         max_steps=steps,
         log_every_n_steps=LOG_EVERY,
@@ -137,10 +140,12 @@ def lightning_step_ms(steps: int, template: bool, folder: str) -> float:
 def plain_step_ms(steps: int) -> float:
     """The same model, data and optimizer in a plain PyTorch loop."""
     torch.manual_seed(0)
-    model = NearFree()
+    device = torch.device(DEVICE[0])
+    model = NearFree().to(device)
     optimizer = model.configure_optimizers()
     ends = []
     for x, y in _loader(steps):
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         loss = nn.functional.cross_entropy(model.layer(x), y)
         optimizer.zero_grad()
         loss.backward()
@@ -347,9 +352,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None, help="write host.json here")
     parser.add_argument("--steps", type=int, default=400, help="steps per timed fit")
     parser.add_argument("--repeats", type=int, default=7, help="interleaved repeats")
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="cpu")
     args = parser.parse_args(argv)
-    results = run(args.steps, args.repeats)
-    results["machine"] = machine("bench.host", "cpu", argv)
+    device = chosen_device(parser, args.device)
+    results = run(args.steps, args.repeats, device)
+    results["machine"] = machine("bench.host", device, argv)
     save(results, args.out, "host.json")
     print(f"device: {results['machine']['device']}; torch {torch.__version__}, "
           f"lightning {pl.__version__}")  # fmt: skip
@@ -357,7 +364,8 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def run(steps: int, repeats: int) -> dict:
+def run(steps: int, repeats: int, device: str = "cpu") -> dict:
+    DEVICE[0] = device
     logging.disable(logging.WARNING)  # the fits' own reports, not the benchmark's
     try:
         return {"loop": loop(steps, repeats), "per_callback": per_callback(steps // 2)}

@@ -184,9 +184,12 @@ def measure_cost(device: str, steps: int, repeats: int) -> dict:
     }
 
 
-def per_layer(device: str, steps: int = 10, repeats: int = 5) -> dict:
-    """Where a watched step's host time goes. One training step of the benchmarks' model
-    (forward, loss, backward, SGD step, outside Lightning) timed plain, under an empty
+def per_layer(
+    device: str, steps: int = 20, repeats: int = 7, width: int = 4, batch: int = 2
+) -> dict:
+    """Where a watched step's host time goes. One training step of the benchmarks' model,
+    narrow and on a small batch so that the host's work per op shows (forward, loss,
+    backward, SGD step, outside Lightning), timed plain, under an empty
     ``TorchFunctionMode`` (the function layer's mere presence), an empty
     ``TorchDispatchMode`` (the dispatch layer's), both, and under ``detect_syncs`` (the
     layers and the detector's work in them); per aten op and per Python-level call."""
@@ -212,12 +215,11 @@ def per_layer(device: str, steps: int = 10, repeats: int = 5) -> dict:
             Ops.n += 1
             return func(*args, **(kwargs or {}))
 
-    setup = _setup(device)
     torch.manual_seed(0)
-    model = Classifier(width=setup["width"]).to(device)
+    model = Classifier(width=width).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    x = torch.randn(setup["batch_size"], 3, 32, 32, device=device)
-    y = torch.randint(0, 10, (setup["batch_size"],), device=device)
+    x = torch.randn(batch, 3, 32, 32, device=device)
+    y = torch.randint(0, 10, (batch,), device=device)
 
     def step() -> None:
         F.cross_entropy(model(x), y).backward()

@@ -45,12 +45,14 @@ class StepClock:
         self.timer = StepTimer(trainer.strategy.root_device)
         self.marks: SyncMarks | None = None
         self.subscribers: list[Any] = []
+        self._at_start: list[Any] = []  # subscribers with step_started(), step_ended()
+        self._at_end: list[Any] = []
+        self._tokens: Any = None  # a subscriber's tokens(batch), where one counts them
         self.samples = 0  # every step's, timed or not (None: a batch had no size)
         self._layer = batch_routing.Layer(f"clock-{id(self):x}", position=0)
         self._edges = (_StepEnd(self), _StepStart(self))
         # The host's time in backward() holds a slower rank's wait under DDP: timed there only
         compat.skip_hooks(self._edges[1], _BACKWARD, skip=trainer.world_size == 1)
-        self._trainer = weakref.ref(trainer)
         # A new list, not an insert: Lightning is iterating the old one to call a hook.
         trainer.callbacks = [self._edges[0], *trainer.callbacks, self._edges[1]]
         # The fit's other callbacks too (Lightning's ModelCheckpoint, a user's): Lightning
@@ -63,10 +65,13 @@ class StepClock:
         """The fit's clock (placed now if no monitor has yet), with ``monitor`` reading it;
         ``sync_marks``: on CUDA, tell a sync stall apart with CUDA's sync debug mode."""
         clock = _CLOCKS.get(trainer)
-        if clock is None or clock._trainer() is not trainer or not clock._edges:
+        if clock is None or not clock._edges:
             clock = _CLOCKS[trainer] = cls(trainer)
         if monitor not in clock.subscribers:
             clock.subscribers.append(monitor)
+            clock._at_start += [monitor] if hasattr(monitor, "step_started") else []
+            clock._at_end += [monitor] if hasattr(monitor, "step_ended") else []
+            clock._tokens = clock._tokens or getattr(monitor, "tokens", None)
         device = trainer.strategy.root_device
         if sync_marks and clock.marks is None and debug_mode().serves(device.type):
             clock.marks = clock.timer.sync_marks = SyncMarks()  # open from a step's start
@@ -113,24 +118,18 @@ class StepClock:
     def _step_started(self) -> None:
         if self.marks is not None:
             self.marks.open()
-        for monitor in self.subscribers:
-            if hasattr(monitor, "step_started"):
-                monitor.step_started()
+        for monitor in self._at_start:
+            monitor.step_started()
         self.timer.start_step()
 
     def _step_ended(self, batch: Any) -> None:
         self.timer.end_step()  # first: what follows is the callbacks' work
         samples = _batch_size(batch)
         self.samples = None if samples is None or self.samples is None else self.samples + samples
-        self.timer.count_last(samples, self._tokens(batch))
-        for monitor in self.subscribers:
-            if hasattr(monitor, "step_ended"):
-                monitor.step_ended(samples)
+        self.timer.count_last(samples, self._tokens(batch) if self._tokens else None)
+        for monitor in self._at_end:
+            monitor.step_ended(samples)
         self._give(self.timer.poll())
-
-    def _tokens(self, batch: Any) -> int | None:
-        counts = {s.tokens(batch) for s in self.subscribers if hasattr(s, "tokens")}
-        return counts.pop() if len(counts) == 1 else None
 
     def _give(self, timings: list) -> None:
         if timings:

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import lightning.pytorch as pl
+from lightning.pytorch.callbacks import ModelCheckpoint
 
 from gpu_busy.syncs.detector import user_frame
 
@@ -53,10 +54,23 @@ def skip_empty_hooks(callback: pl.Callback) -> list[str]:
     cls = type(callback)
     names = [
         n for n in BATCH_HOOKS
-        if getattr(cls, n) is getattr(pl.Callback, n) and n not in callback.__dict__
+        if (getattr(cls, n) is getattr(pl.Callback, n) or _idle_for_its_settings(callback, n))
+        and n not in callback.__dict__
     ]  # fmt: skip
     skip_hooks(callback, names)
     return names
+
+
+def _idle_for_its_settings(callback: pl.Callback, name: str) -> bool:
+    """A hook that returns at its first test under the callback's settings."""
+    # Private: ModelCheckpoint._every_n_train_steps and ._train_time_interval (Lightning
+    # 2.0 to 2.6). Its on_train_batch_end (model_checkpoint.py:340 in 2.6.6) returns before
+    # any other work where neither is set, in both optimization modes (lines 352 and 442):
+    # checkpoints by epoch or by validation, the default, never save per batch.
+    if name != "on_train_batch_end" or not isinstance(callback, ModelCheckpoint):
+        return False
+    every_n = getattr(callback, "_every_n_train_steps", None)  # None: before its __init__
+    return every_n is not None and every_n < 1 and callback._train_time_interval is None
 
 
 def skip_hooks(callback: pl.Callback, names: list[str] | tuple[str, ...], skip: bool = True):

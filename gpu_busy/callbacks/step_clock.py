@@ -25,6 +25,7 @@ import weakref
 from typing import Any
 
 import lightning.pytorch as pl
+import torch
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.utilities.data import extract_batch_size
 
@@ -192,6 +193,8 @@ class _StepStart(compat.Callback):
 
 
 def _batch_size(batch: Any) -> int | None:
+    if type(batch) in (tuple, list) and batch and type(batch[0]) is torch.Tensor:
+        return batch[0].shape[0] if batch[0].ndim else 1  # extract_batch_size's first leaf
     try:
         return extract_batch_size(batch)  # reads a shape: no device access
     except MisconfigurationException:

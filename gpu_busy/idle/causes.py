@@ -69,12 +69,14 @@ TABLE: tuple[Cause, ...] = (
     ),
 )  # fmt: skip
 
+_NAMES = tuple(c.name for c in TABLE)  # read at every step: built once
+
 # Device time lost outside the gaps, which the verdict also weighs (gpu_busy.verdict).
 OTHER_THRESHOLDS = {"copies": 0.05, "slow_rank": 0.10}
 
 
 def names() -> tuple[str, ...]:
-    return tuple(c.name for c in TABLE)
+    return _NAMES
 
 
 def thresholds() -> dict[str, float]:

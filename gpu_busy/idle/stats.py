@@ -83,7 +83,8 @@ class IdleStats(WindowSums):
         return out
 
 
-_FIELDS = tuple((cause, f"idle_{cause}_ms") for cause in cause_table.names())
+_CAUSES = cause_table.names()
+_FIELDS = tuple((cause, f"idle_{cause}_ms") for cause in _CAUSES)
 
 
 class StepSeries:
@@ -107,7 +108,7 @@ class StepSeries:
         seen, self._seen = self._seen, self._seen + 1
         if seen % self.stride or t.idle_ms is None or t.device_ms is None:
             return
-        causes = [t.causes.get(c) or 0.0 for c in cause_table.names()]
+        causes = [t.causes.get(c) or 0.0 for c in _CAUSES]
         self.rows.append(
             [float(t.step), t.loader_wait_ms, t.transfer_ms or 0.0, t.device_ms, *causes]
         )

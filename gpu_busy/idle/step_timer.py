@@ -47,7 +47,7 @@ from gpu_busy.idle.intervals import Interval, overlap_length
 from gpu_busy.idle.sync_marks import SyncMarks
 
 
-@dataclass
+@dataclass(slots=True)
 class StepTiming:
     """One training step. Times in ms; None where the clock cannot tell."""
 
@@ -235,11 +235,11 @@ class StepTimer:
         while self._pending:
             step = self._pending[0]
             marks = (step.prev_end, step.hooks_done, step.ready, step.start, step.end)
-            events = [e for e in marks if e is not None]
             if block:
-                for e in events:
-                    e.synchronize()
-            elif not all(e.query() for e in events):
+                for e in marks:
+                    if e is not None:
+                        e.synchronize()
+            elif not all(e is None or e.query() for e in marks):
                 break
             self._pending.popleft()
             done.append(self._resolve(step))

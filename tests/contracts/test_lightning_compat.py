@@ -465,3 +465,35 @@ def test_model_checkpoint_looks_for_its_monitor_in_save_topk_checkpoint():
     assert params == ["self", "trainer", "monitor_candidates"]
     source = inspect.getsource(ModelCheckpoint._save_topk_checkpoint)
     assert "self.monitor not in monitor_candidates" in source
+
+
+def test_a_model_checkpoint_without_step_saves_does_nothing_at_a_batch_end(tmp_path):
+    """The step clock skips ModelCheckpoint's on_train_batch_end where neither
+    every_n_train_steps nor train_time_interval is set: it must be a no-op there."""
+    from datetime import timedelta
+
+    from lightning.pytorch.callbacks import ModelCheckpoint
+    from lightning.pytorch.demos.boring_classes import BoringModel
+
+    ckpt = ModelCheckpoint(dirpath=tmp_path, save_last=True)
+    looked, changed = [], []
+    ckpt._monitor_candidates = lambda trainer: looked.append(trainer.global_step) or {}
+    original = ckpt.on_train_batch_end
+
+    def watched(*args):
+        before = dict(vars(ckpt))
+        original(*args)
+        changed.append(vars(ckpt) != before)
+
+    ckpt.on_train_batch_end = watched
+    trainer = quiet_trainer(
+        max_steps=4, callbacks=[ckpt], enable_checkpointing=True, default_root_dir=tmp_path
+    )
+    trainer.fit(BoringModel())
+    assert changed == [False] * 4 and looked == [4]  # the one save: the fit's end
+    assert "on_train_batch_end" in compat.skip_empty_hooks(ModelCheckpoint(dirpath=tmp_path))
+    for saves_by_step in (
+        ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=2),
+        ModelCheckpoint(dirpath=tmp_path, train_time_interval=timedelta(seconds=1)),
+    ):
+        assert "on_train_batch_end" not in compat.skip_empty_hooks(saves_by_step)

@@ -124,6 +124,17 @@ def test_one_walk_finds_every_tensor_and_rebuilds_the_batch_around_new_ones(walk
     assert flat(doubled) == flat(reference) and isinstance(doubled["pair"], Pair)
 
 
+@pytest.mark.parametrize("kind", [tuple, list])
+def test_a_flat_batch_of_tensors_is_rebuilt_as_the_same_kind(kind):
+    from gpu_busy.prefetch import _Leaves
+
+    batch = kind([torch.ones(2), torch.tensor([1, 2])])
+    leaves = _Leaves(batch)
+    assert [id(t) for t in leaves.tensors] == [id(t) for t in batch] and leaves.mover is None
+    doubled = leaves.rebuild([t * 2 for t in leaves.tensors])
+    assert type(doubled) is kind and [t.tolist() for t in doubled] == [[2, 2], [2, 4]]
+
+
 def test_a_leaf_that_moves_itself_is_found_in_the_walk():
     from gpu_busy.prefetch import _Leaves
 

@@ -452,3 +452,21 @@ def test_on_a_gpu_lightnings_monitor_syncs_every_batch_and_ours_never(tmp_path):
     ours = steady_syncs(ThroughputMonitor())
     assert theirs["steady_syncs_per_batch"] >= 1  # torch.cuda.synchronize() in its _update
     assert ours["steady_syncs_per_batch"] == 0
+
+
+def test_the_step_clock_counts_a_batch_as_lightning_does():
+    from lightning.pytorch.utilities.data import extract_batch_size
+
+    from gpu_busy.callbacks.step_clock import _batch_size
+
+    batches = [
+        (torch.ones(4, 3), torch.zeros(4)),  # the fast path: tensors in a tuple or a list
+        [torch.ones(5), torch.ones(2)],
+        (torch.tensor(1.0), torch.ones(3)),  # a 0-dim first tensor counts 1
+        {"x": torch.ones(6, 2), "y": torch.ones(6)},
+        ([torch.ones(7)], torch.ones(2)),
+        torch.ones(3, 1),
+    ]
+    for batch in batches:
+        assert _batch_size(batch) == extract_batch_size(batch)
+    assert _batch_size(("no", "tensors")) is None

@@ -46,6 +46,7 @@ from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from gpu_busy.callbacks.run_summary import RunSummary
 from gpu_busy.config_files import check_config_files, close_match, config_files, key_origin
 from gpu_busy.errors import UserError
 from gpu_busy.faults.log_writes import guard_log_writes
@@ -317,6 +318,8 @@ def save_predictions(batches: list, path: Path) -> str:
 
 
 class TrainingCLI(LightningCLI):
+    left_out: tuple[str, ...] | list[str] = ()  # parse_arguments: settings not carried over
+
     def add_arguments_to_parser(self, parser) -> None:
         # The DataModule knows its classes (for an image folder, after scanning it). Applied
         # only where the model takes num_classes and the DataModule has it.
@@ -329,25 +332,12 @@ class TrainingCLI(LightningCLI):
         subcommand = self.config.get("subcommand")
         config = self.config[subcommand] if subcommand else None
         raw = list(sys.argv[1:] if args is None else args)
+        self.left_out = []  # one line per group, repeated in the end-of-fit summary
         for group in ("model", "data"):
-            carried = carried_settings(group, config.get(group) if config else None, raw)
-            if carried:
-                final = config[group].class_path
-                # A subclass of the class they were set for means by them what it does.
-                carried = {
-                    k: (v, owner) for k, (v, owner) in carried.items()
-                    if not _subclass_of(final, owner)
-                }  # fmt: skip
-            if carried:
-                log.warning(
-                    "%s: %s takes %s from the config files, where they were set for %s; "
-                    "pass --%s.<name>=<value> to choose its own",
-                    group,
-                    final,
-                    ", ".join(f"{k}={v!r}" for k, (v, _) in carried.items()),
-                    " and ".join(sorted({owner for _, owner in carried.values()})),
-                    group,
-                )
+            line = leave_out_carried(group, config.get(group) if config else None, raw)
+            if line:
+                log.warning("%s", line)
+                self.left_out.append(line)
         # Resolved and checked before LightningCLI reads the file's hyperparameters.
         self.checkpoint = None
         wanted = config.get("ckpt_path") if config else None
@@ -509,6 +499,9 @@ class TrainingCLI(LightningCLI):
 
     def before_fit(self) -> None:
         self._check_checkpoint_fits_model()
+        for callback in self.trainer.callbacks:
+            if isinstance(callback, RunSummary):
+                callback.notes = list(self.left_out)  # said again under the summary
         logger = self.trainer.logger
         root = Path(logger.root_dir) if logger is not None else Path(self.trainer.default_root_dir)
         check_writable(root)
@@ -534,6 +527,62 @@ class TrainingCLI(LightningCLI):
         name = "predictions.pt" if world == 1 else f"predictions.rank{self.trainer.global_rank}.pt"
         what = save_predictions(predictions, folder / name)
         log.info("predict: %s written to %s (torch.load it)", what, folder / name)
+
+
+def leave_out_carried(group: str, final: object, args: list[str]) -> str | None:
+    """Give ``group``'s class its own defaults for the settings the config files made for
+    another class (``carried_settings``); the line that says which, or None.
+
+    A subclass of the class they were set for keeps them: they mean to it what they mean
+    to its base. A carried setting the class requires (no default) stops the run.
+    """
+    carried = carried_settings(group, final, args)
+    if not carried:
+        return None
+    path = final.class_path
+    carried = {k: (v, owner) for k, (v, owner) in carried.items() if not _subclass_of(path, owner)}
+    if not carried:
+        return None
+    try:
+        parameters = inspect.signature(_import_class(path)).parameters
+    except (TypeError, ValueError, ImportError, AttributeError):
+        parameters = {}
+    # Where the class's own default is the carried value, nothing changes: nothing to say.
+    carried = {
+        k: (v, owner) for k, (v, owner) in carried.items()
+        if k not in parameters or not _same(parameters[k].default, v)
+    }  # fmt: skip
+    if not carried:
+        return None
+    own = []
+    for name in carried:
+        default = getattr(parameters.get(name), "default", None)
+        if default is inspect.Parameter.empty:
+            value, owner = carried[name]
+            raise UserError(
+                f"{group}: {path} needs {name}, which the config files set only for {owner} "
+                f"({name}={value!r}); pass --{group}.{name}=<value>"
+            )
+        if name in parameters:
+            final.init_args[name] = default
+            own.append(f"{name}={default!r}")
+        else:  # taken through **kwargs: the default is the one the class passes on
+            del final.init_args[name]
+            own.append(f"{name} (its default)")
+    owners = " and ".join(sorted({owner for _, owner in carried.values()}))
+    given = ", ".join(f"{k}={v!r}" for k, (v, _) in carried.items())
+    return (
+        f"{group}: {path} does not take {given} from the config files (set there for "
+        f"{owners}); it trains with its own {', '.join(own)}; pass --{group}.<name>=<value> "
+        "to choose"
+    )
+
+
+def _same(a: object, b: object) -> bool:
+    try:
+        return bool(a == b)
+    except Exception:  # a value that cannot say (an array): not the same
+        return False
 
 
 def carried_settings(group: str, final: object, args: list[str]) -> dict[str, tuple]:

@@ -45,6 +45,9 @@ class RunSummary(compat.Callback):
         self._summary: tuple[dict, str] | None = None  # (run.json, the paragraph)
         self._run_dir = None
         self.held_reports = HeldReports()  # the other callbacks' reports (ranks.publish)
+        # Lines said at the start that must not scroll away (a setting the config files made
+        # for another class and the run's class did not take): said again under the summary.
+        self.notes: list[str] = []
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._val_seconds, self._summary = 0.0, None
@@ -104,6 +107,8 @@ class RunSummary(compat.Callback):
         if run is not None:
             self._summary = None
             publish(trainer, "run", run, [paragraph], self._run_dir)
+        for note in self.notes:
+            log.warning("%s", note)
 
 
 def _best_checkpoint(trainer: pl.Trainer) -> ModelCheckpoint | None:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from tests.conftest import CONFIGS, DEBUG, DEFAULT, HANG_S, ROOT, cli_main, run_entry_point
 
@@ -181,27 +182,55 @@ def test_the_entry_point_gives_the_callers_matmul_precision_back(in_tmp):
     assert torch.get_float32_matmul_precision() == "highest"
 
 
-def test_a_swapped_in_model_is_told_which_of_the_examples_settings_it_takes(in_tmp, capsys):
+def test_a_swapped_in_model_trains_with_its_own_defaults_and_is_told_so(in_tmp, capsys):
     """jsonargparse hands a new class_path the init_args it also accepts: the example's
-    lr=0.4 would train your model without a word."""
+    lr=0.4 would train your model at chance. It gets its own, said at the start and again
+    under the summary."""
     swap = ["--model.class_path=tests.helpers.foreign_modules.BlobClassifier",
             "--data.class_path=tests.helpers.foreign_modules.BlobData",
             "--trainer.max_epochs=1"]  # fmt: skip
     assert main(["fit", "--config", DEFAULT, "--config", DEBUG, *swap]) == 0
     err = capsys.readouterr().err
-    (line,) = [x for x in err.splitlines() if "takes lr=0.4" in x]
-    assert "BlobClassifier" in line and "set for template.models.ImageClassifier" in line
-    assert "--model.<name>=<value>" in line
+    lines = [x for x in err.splitlines() if "does not take lr=0.4" in x]
+    assert len(lines) == 2 and lines[0].split("WARNING")[-1] == lines[1].split("WARNING")[-1]
+    assert "set there for template.models.ImageClassifier" in lines[0]
+    assert "its own lr=0.01" in lines[0] and "--model.<name>=<value>" in lines[0]
+    assert err.index("fit done in") < err.rindex("does not take lr=0.4")  # under the summary
+    hparams = yaml.safe_load(next(Path("runs").rglob("hparams.yaml")).read_text())
+    assert hparams["lr"] == 0.01  # BlobClassifier's own default reached the model
     # Set on the command line, the value is the user's own: nothing to say.
-    assert main(["fit", "--config", DEFAULT, "--config", DEBUG, *swap, "--model.lr=0.01"]) == 0
-    assert "takes lr=" not in capsys.readouterr().err
+    assert main(["fit", "--config", DEFAULT, "--config", DEBUG, *swap, "--model.lr=0.05"]) == 0
+    assert "does not take" not in capsys.readouterr().err
     # The example itself keeps its settings silently, and so does a subclass of it: the
     # settings mean to it what they mean to the example.
     assert main(["fit", "--config", DEFAULT, "--config", DEBUG]) == 0
-    assert "from the config files, where they were set" not in capsys.readouterr().err
+    assert "does not take" not in capsys.readouterr().err
     subclass = "--model.class_path=tests.helpers.bound_runs.ProgBarImageClassifier"
     assert main(["fit", "--config", DEFAULT, "--config", DEBUG, subclass]) == 0
-    assert "from the config files, where they were set" not in capsys.readouterr().err
+    assert "does not take" not in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_newcomers_adam_model_learns_on_the_example_data_with_its_own_lr(in_tmp, capsys):
+    """The README's path: one's own class on the example's data. With the example's
+    lr=0.4 Adam sits at chance (0.1); with its own 1e-3 it learns."""
+    args = ["fit", "--config", DEFAULT, "--config", DEBUG,
+            "--model.class_path=tests.helpers.foreign_modules.ImageMLP",
+            "--trainer.max_epochs=4", "--trainer.limit_train_batches=null",
+            "--trainer.limit_val_batches=null", "--data.synthetic_train_size=2048",
+            "--data.batch_size=64"]  # fmt: skip
+    assert main(args) == 0
+    (done,) = [x for x in capsys.readouterr().err.splitlines() if "fit done in" in x]
+    accuracy = float(done.split("val/acc ")[1].split(";")[0])
+    assert accuracy > 0.2, done
+
+
+def test_a_setting_a_swapped_in_class_requires_is_not_taken_from_another_class(in_tmp, capsys):
+    swap = "--model.class_path=tests.helpers.foreign_modules.NeedsLr"
+    assert main(["fit", "--config", DEFAULT, "--config", DEBUG, swap]) == 2
+    (line,) = [x for x in capsys.readouterr().err.splitlines() if x.startswith("error:")]
+    assert "NeedsLr needs lr, which the config files set only for" in line
+    assert "pass --model.lr=<value>" in line
 
 
 def readme_block(after: str) -> list[str]:

@@ -102,3 +102,37 @@ class SyntheticTransformer(LightningTransformer):
 
     def train_dataloader(self) -> DataLoader:
         return tokens(0)
+
+
+class NeedsLr(BlobClassifier):
+    """A learning rate with no default: the example's must not stand in for it."""
+
+    def __init__(self, lr: float, num_classes: int = 2) -> None:
+        super().__init__(num_classes=num_classes, lr=lr)
+
+
+class ImageMLP(pl.LightningModule):
+    """A newcomer's first model for the example's images: Adam at its usual 1e-3."""
+
+    def __init__(self, num_classes: int = 10, hidden: int = 128, lr: float = 1e-3) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.net = torch.nn.Sequential(
+            torch.nn.Flatten(),
+            torch.nn.LazyLinear(hidden),
+            torch.nn.ReLU(),
+            torch.nn.Linear(hidden, num_classes),
+        )
+
+    def training_step(self, batch, batch_idx):
+        images, labels = batch
+        loss = F.cross_entropy(self.net(images), labels)
+        self.log("train/loss", loss)
+        return loss
+
+    def validation_step(self, batch, batch_idx):
+        images, labels = batch
+        self.log("val/acc", (self.net(images).argmax(1) == labels).float().mean())
+
+    def configure_optimizers(self):
+        return torch.optim.Adam(self.parameters(), lr=self.hparams.lr)

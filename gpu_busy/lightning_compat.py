@@ -360,8 +360,9 @@ LIGHTNING_READS = (
     ),
     (
         "in on_batch_end",
-        "Lightning converts prog_bar=True metrics after every step (an .item() each): log "
-        "without prog_bar and show them with gpu_busy.callbacks.LoggingStepProgressBar",
+        "drop prog_bar=True from this self.log: Lightning converts a prog_bar value with an "
+        ".item() after every step; LoggingStepProgressBar shows logged values at logging "
+        "steps without a wait",
     ),
     (
         "progress_bar_metrics",

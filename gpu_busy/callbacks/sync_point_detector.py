@@ -95,7 +95,9 @@ class SyncPointDetector(compat.Callback):
         logged_at = compat.LoggedAt()
         self._unwrap = contextlib.ExitStack()
         self._unwrap.enter_context(logged_at.install())
-        self.detector = SyncDetector(device_type, origins=(logged_at.origin,))
+        self.detector = SyncDetector(
+            device_type, origins=(logged_at.origin,), chain_hints=compat.LIGHTNING_READS
+        )
         self._reset_run(costs=not self.detector.simulating)
         batches = trainer.estimated_stepping_batches * trainer.accumulate_grad_batches
         if self._fit_first_to_budget and not self.schedule.plan_fit(batches):

@@ -52,6 +52,7 @@ from gpu_busy.syncs.rules import (
     ATEN_RULES,
     BACKWARD_RULES,
     FACTORIES,
+    LIBRARY_READS,
     PYTHON_RULES,
     DeviceTypeName,
     Rule,
@@ -169,6 +170,8 @@ class SyncDetector:
     functions that may name the user line it stands for: each gets a library frame of the
     sync's stack and returns ``(filename, lineno, function)`` or None (Lightning's conversion of a
     ``prog_bar=True`` metric stands for the ``self.log`` line: ``lightning_compat.LoggedAt``).
+    ``chain_hints``: ``(function, fix)`` pairs; a sync with that function in its library
+    chain gets that fix, in the strict error and the report alike (``fix_for``).
     """
 
     def __init__(
@@ -177,9 +180,11 @@ class SyncDetector:
         strict: bool = False,
         cuda_debug: bool = True,
         origins: tuple[Callable[[Any], tuple[str, int, str] | None], ...] = (),
+        chain_hints: tuple[tuple[str, str], ...] = (),
     ) -> None:
         self.device_type = torch.device(device_type).type
         self.origins = origins
+        self.chain_hints = chain_hints
         # On a machine without the device, its tensors are CPU tensors: the simulation.
         self.simulating = self.device_type == "cpu"
         self._host = WeakIdKeyDictionary()  # simulation: tensors that live on the host
@@ -369,6 +374,7 @@ class SyncDetector:
             event = dataclasses.replace(forward, op=op, phase=phase, aten=aten)
         else:
             event = _event_here(op, phase, aten, self.origins)
+        hint = fix_for(event.chain, hint, self.chain_hints)
         event = dataclasses.replace(event, hint=hint, allowed=_ALLOWED.get())
         self.events.append(event)
         self._untimed = len(self.events) - 1 if timed else None
@@ -520,6 +526,17 @@ def detect_syncs(
         assert not rec.events, "\\n".join(map(str, rec.events))
     """
     return SyncDetector(device_type, strict=strict, cuda_debug=cuda_debug, origins=origins)
+
+
+def fix_for(chain: tuple[str, ...], hint: str, chain_hints: tuple[tuple[str, str], ...] = ()):
+    """The one fix for a sync: by a function in the library chain that made it
+    (``chain_hints`` first, then a library's, ``rules.LIBRARY_READS``; first match wins),
+    else ``hint``, the fix of the rule that matched."""
+    joined = " ".join(chain)
+    for marker, fix in (*chain_hints, *LIBRARY_READS):
+        if marker in joined:
+            return fix
+    return hint
 
 
 _ALLOWED: contextvars.ContextVar[str | None] = contextvars.ContextVar("allowed", default=None)

@@ -19,20 +19,14 @@ from __future__ import annotations
 import os
 from dataclasses import asdict, dataclass, field
 
-from gpu_busy.syncs.detector import SyncEvent, _is_library
-from gpu_busy.syncs.rules import LIBRARY_READS
+from gpu_busy.syncs.detector import SyncEvent, _is_library, fix_for
 
 
 def fix_hint(event: SyncEvent, chain_hints: tuple[tuple[str, str], ...] = ()) -> str:
-    """One line saying how to avoid this sync: by a function in the library chain that made
-    it (``chain_hints``: ``(name, hint)``, first match wins; Lightning's own reads, from
-    ``lightning_compat.LIGHTNING_READS``; then a library's, ``rules.LIBRARY_READS``), else
-    the hint of the rule that matched."""
-    chain = " ".join(event.chain)
-    for marker, hint in (*chain_hints, *LIBRARY_READS):
-        if marker in chain:
-            return hint
-    return event.hint or "find what reads device memory on the host here; defer it to logging steps"
+    """One line saying how to avoid this sync (``detector.fix_for``; Lightning's own reads
+    in ``chain_hints``, from ``lightning_compat.LIGHTNING_READS``)."""
+    fix = fix_for(event.chain, event.hint, chain_hints)
+    return fix or "find what reads device memory on the host here; defer it to logging steps"
 
 
 @dataclass

@@ -12,6 +12,7 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
+from gpu_busy import lightning_compat as compat
 from gpu_busy.callbacks import LoggingStepProgressBar, SyncPointDetector
 from gpu_busy.syncs import SyncError, assert_no_syncs
 from template.data import ImageDataModule
@@ -353,8 +354,16 @@ def test_a_prog_bar_metric_is_reported_at_its_self_log_line_on_a_short_fit(tmp_p
 
 
 def test_strict_fails_at_the_self_log_line_of_a_prog_bar_metric(tmp_path):
-    with pytest.raises(SyncError, match=r"at .*test_sync_point_detector.py:\d+ in training_step"):
+    """One site, one fix: the strict error's is the report's, and it fits a line that
+    already logs with self.log."""
+    with pytest.raises(
+        SyncError, match=r"at .*test_sync_point_detector.py:\d+ in training_step"
+    ) as raised:
         _fit(tmp_path, ProgBarLoss(width=4), [SyncPointDetector(strict=True)])
+    fix = str(raised.value).split("; fix: ")[1]
+    assert fix.startswith("drop prog_bar=True from this self.log") and "log the tensor" not in fix
+    (reported,) = [h for marker, h in compat.LIGHTNING_READS if marker == "in on_batch_end"]
+    assert fix == reported
     assert pl.LightningModule.log.__module__ == "lightning.pytorch.core.module"  # unwrapped
 
 

@@ -545,6 +545,41 @@ LIBRARY_READS: tuple[tuple[str, str], ...] = (
         "tell nn.Transformer* the mask is causal: pass tgt_is_causal=True (decoder) or "
         "is_causal=True (encoder) with the causal mask, and it compares nothing",
     ),
+    # torchmetrics (1.x): the fixes are the metric's own arguments. Held, metric by metric,
+    # by tests/syncs/test_torchmetrics.py, and listed in README ("A sync-free step").
+    (
+        # utilities/data.py, _bincount: torch.bincount sizes its output from the input's
+        # max on the host; stat_scores.py's update calls it for every average but "micro",
+        # and the confusion matrices call it always.
+        "in _bincount",
+        'torchmetrics counts classes with a bincount sized on the host (average="macro", its '
+        'default, and confusion matrices): average="micro", validate_args=False has no sync '
+        "but is another metric (micro weighs every sample, macro every class equally); keep "
+        "a macro metric to validation, where a sync per batch costs little",
+    ),
+    (
+        # functional/classification/stat_scores.py, _{binary,multiclass,multilabel}_stat_
+        # scores_tensor_validation: torch.unique of the inputs and `if` on their values.
+        "_stat_scores_tensor_validation",
+        "torchmetrics checks its inputs on the host at every update: validate_args=False "
+        "turns the checks off and leaves the metric as it is",
+    ),
+    (
+        # utilities/compute.py, normalize_logits_if_needed: on a CUDA tensor a torch.where,
+        # no sync; on a CPU tensor an `if not torch.all(...)`, which the simulation sees.
+        "in normalize_logits_if_needed",
+        "torchmetrics tests whether binary preds are logits: with torch.where on a GPU (no "
+        "sync), with an if on a CPU; pass thresholded preds, (logits > 0).long(), and the "
+        "step is sync-free on both",
+    ),
+    (
+        # aggregation.py, BaseAggregator._cast_and_nan_check_input: `if nans.any()` at every
+        # update unless nan_strategy="disable".
+        "in _cast_and_nan_check_input",
+        "torchmetrics' MeanMetric/SumMetric/... look for NaN on the host at every update: "
+        'nan_strategy="disable" skips the check (a NaN then reaches the result, as in a '
+        "plain mean)",
+    ),
 )
 
 # torch/csrc/distributed/c10d/reducer.cpp: under find_unused_parameters=True (and no static

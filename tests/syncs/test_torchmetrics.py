@@ -1,0 +1,92 @@
+"""torchmetrics in a training step: the settings README calls sync-free are, and a sync
+inside torchmetrics gets the fix that the metric's own arguments give.
+
+Simulated on the CPU (``detect_syncs(device_type="cpu")``): every tensor here stands for
+device memory, as the batch and the model's outputs are in a GPU step.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torchmetrics import MeanMetric, MeanSquaredError, SumMetric
+from torchmetrics.classification import (
+    BinaryAccuracy,
+    BinaryF1Score,
+    MulticlassAccuracy,
+    MulticlassConfusionMatrix,
+    MulticlassF1Score,
+)
+
+from gpu_busy.syncs import detect_syncs
+
+LOGITS, LABELS = torch.randn(8, 5), torch.randint(0, 5, (8,))
+SCORES, BINARY = torch.randn(8), torch.randint(0, 2, (8,))
+
+
+def _syncs(metric, *inputs):
+    """The syncs of a step's use of ``metric``: forward (update and the batch's value)."""
+    with detect_syncs(device_type="cpu") as rec:
+        metric(*inputs)
+    return rec.events
+
+
+# README, "A sync-free step": each row is a setting it names.
+SYNC_FREE = {
+    'MulticlassAccuracy(average="micro", validate_args=False)': (
+        MulticlassAccuracy(5, average="micro", validate_args=False),
+        (LOGITS, LABELS),
+    ),
+    'MulticlassF1Score(average="micro", validate_args=False)': (
+        MulticlassF1Score(5, average="micro", validate_args=False),
+        (LOGITS, LABELS),
+    ),
+    "BinaryAccuracy(validate_args=False) on (logits > 0).long()": (
+        BinaryAccuracy(validate_args=False),
+        ((SCORES > 0).long(), BINARY),
+    ),
+    "BinaryF1Score(validate_args=False) on (logits > 0).long()": (
+        BinaryF1Score(validate_args=False),
+        ((SCORES > 0).long(), BINARY),
+    ),
+    'MeanMetric(nan_strategy="disable")': (MeanMetric(nan_strategy="disable"), (SCORES,)),
+    'SumMetric(nan_strategy="disable")': (SumMetric(nan_strategy="disable"), (SCORES,)),
+    "MeanSquaredError()": (MeanSquaredError(), (SCORES, BINARY.float())),
+}
+
+
+@pytest.mark.parametrize("name", list(SYNC_FREE))
+def test_the_settings_readme_names_are_sync_free(name):
+    metric, inputs = SYNC_FREE[name]
+    assert _syncs(metric, *inputs) == []
+
+
+def test_readme_names_each_sync_free_setting():
+    from tests.conftest import ROOT
+
+    readme = (ROOT / "README.md").read_text()
+    for setting in ('average="micro", validate_args=False', "validate_args=False",
+                    "(logits > 0).long()", 'nan_strategy="disable"'):  # fmt: skip
+        assert setting in readme, setting
+
+
+# The defaults that sync, and the argument each fix must name.
+DEFAULTS = [
+    ("MulticlassAccuracy(5)", MulticlassAccuracy(5), (LOGITS, LABELS), 'average="micro"'),
+    ("MulticlassConfusionMatrix", MulticlassConfusionMatrix(5, validate_args=False),
+     (LOGITS, LABELS), "macro"),
+    ("BinaryAccuracy()", BinaryAccuracy(), ((SCORES > 0).long(), BINARY), "validate_args=False"),
+    ("BinaryAccuracy on logits", BinaryAccuracy(validate_args=False), (SCORES, BINARY),
+     "(logits > 0).long()"),
+    ("MeanMetric()", MeanMetric(), (SCORES,), 'nan_strategy="disable"'),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("name,metric,inputs,argument", DEFAULTS, ids=[d[0] for d in DEFAULTS])
+def test_a_sync_inside_torchmetrics_gets_the_metrics_own_fix(name, metric, inputs, argument):
+    events = _syncs(metric, *inputs)
+    assert events, f"{name} no longer syncs: update README's list"
+    for event in events:
+        assert event.filename == __file__  # the user's line that called the metric
+        assert argument in event.hint, (event, event.hint)
+        assert "scatter_add_" not in event.hint  # the fix for code inside torchmetrics

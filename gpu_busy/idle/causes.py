@@ -69,14 +69,13 @@ TABLE: tuple[Cause, ...] = (
     ),
 )  # fmt: skip
 
-_NAMES = tuple(c.name for c in TABLE)  # read at every step: built once
-
-# Device time lost outside the gaps, which the verdict also weighs (gpu_busy.verdict).
-OTHER_THRESHOLDS = {"copies": 0.05, "slow_rank": 0.10}
+# Device time lost outside the gaps, which the verdict also weighs (gpu_busy.verdict): the
+# host's work between the batch's arrival and the step, the batch's copy, a slow rank.
+OTHER_THRESHOLDS = {"transfer": 0.05, "copies": 0.05, "slow_rank": 0.10}
 
 
 def names() -> tuple[str, ...]:
-    return _NAMES
+    return tuple(c.name for c in TABLE)
 
 
 def thresholds() -> dict[str, float]:

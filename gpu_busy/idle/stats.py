@@ -68,6 +68,9 @@ class IdleStats(WindowSums):
             "idle_ms": self.idle_ms / m if m else None,
             "device_ms": self.device_ms / m if m else None,
             "transfer_ms": self.transfer_ms / m if m else None,
+            # the host's work in the transfer: its hooks before the step (on a host clock
+            # all of it: no copy to wait for)
+            "transfer_host_ms": max(0.0, self.transfer_ms - self.copy_ms) / m if m else None,
             # only a GPU queue tells a copy from the host's hooks
             "copy_ms": self.copy_ms / m if m and cuda else None,
             "host_step_ms": self.host_ms / n if n else None,
@@ -83,8 +86,7 @@ class IdleStats(WindowSums):
         return out
 
 
-_CAUSES = cause_table.names()
-_FIELDS = tuple((cause, f"idle_{cause}_ms") for cause in _CAUSES)
+_FIELDS = tuple((cause, f"idle_{cause}_ms") for cause in cause_table.names())
 
 
 class StepSeries:
@@ -108,7 +110,7 @@ class StepSeries:
         seen, self._seen = self._seen, self._seen + 1
         if seen % self.stride or t.idle_ms is None or t.device_ms is None:
             return
-        causes = [t.causes.get(c) or 0.0 for c in _CAUSES]
+        causes = [t.causes.get(c) or 0.0 for c in cause_table.names()]
         self.rows.append(
             [float(t.step), t.loader_wait_ms, t.transfer_ms or 0.0, t.device_ms, *causes]
         )

@@ -24,6 +24,10 @@ from gpu_busy.report.files import IdleReport
 from gpu_busy.report.picture import batch_breakdown
 from gpu_busy.window_sums import mean_and_max
 
+# The sub-rows of the transfer, which the verdict names as the table does.
+TRANSFER_HOST = "the host's work before the step"
+COPY = "the copy, beyond the host's work"
+
 
 def end_of_fit(
     per_rank: list[IdleStats],
@@ -120,15 +124,21 @@ def render_table(report: dict[str, Any]) -> list[str]:
             _cell(fig.get(key), fig.get("step_ms") if share else None, unit) for fig in (mean, most)
         ]
         text = f"{label:<36}{cells[0]:>18}" + (f"{cells[1]:>18}" if many else "")
-        lines.append(text + (f"   {100 * problem:.0f}% of a step" if problem else ""))
+        if problem:
+            value, step = mean.get(key), mean.get("step_ms")
+            over = value is not None and step and value / step >= problem
+            text += f"   {100 * problem:.0f}% of a step" + ("  << over" if over else "")
+        lines.append(text)
 
     row("step on the device, all told", "step_ms", share=False)
     row("idle between steps", "idle_ms")
     for cause in cause_table.TABLE:
         row(f"  {cause.label}", f"idle_{cause.name}_ms", cause.threshold)
+    limit = cause_table.thresholds()
     row("batch transfer on the compute stream", "transfer_ms")
-    if cuda:  # the rest of the transfer is the host's hooks before the step
-        row("  the copy, beyond the host's hooks", "copy_ms", cause_table.thresholds()["copies"])
+    row(f"  {TRANSFER_HOST}", "transfer_host_ms", limit["transfer"])
+    if cuda:  # on a host clock there is no copy: the host's work is all of the transfer
+        row(f"  {COPY}", "copy_ms", limit["copies"])
     row("the step itself", "device_ms")
     if cuda:  # on a host clock these equal the rows above
         row("host: step", "host_step_ms", share=False)

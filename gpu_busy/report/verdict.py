@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import gpu_busy.idle.causes as cause_table
-from gpu_busy.report.idle import untimed
+from gpu_busy.report.idle import COPY, TRANSFER_HOST, untimed
 
 
 @dataclass(frozen=True)
@@ -44,15 +44,13 @@ def decide(idle: dict[str, Any] | None, syncs: dict[str, Any] | None = None) -> 
     syncs_text = _syncs_seen(syncs, cuda)
 
     limit = cause_table.thresholds()
-    candidates = []
-    for cause in cause_table.TABLE:
-        ms = mean.get(f"idle_{cause.name}_ms")
-        if cause.verdict == "host":
-            # The batch "transfer" less the copy is the host's work before the step (its
-            # hooks; on a CPU all of it: no copy to wait for), with its work between steps.
-            ms = _add(ms, _host_part(mean))
-        candidates.append((cause.verdict, ms, _idle_text(cause, syncs)))
+    # Each candidate is one row of the idle table, with that row's figure.
+    candidates = [
+        (cause.verdict, mean.get(f"idle_{cause.name}_ms"), _idle_text(cause, syncs))
+        for cause in cause_table.TABLE
+    ]
     candidates += [
+        ("transfer", mean.get("transfer_host_ms"), _transfer_text),
         ("copies", mean.get("copy_ms") if cuda else None, _copies_text),
         *_slow_rank(idle.get("ranks") or []),
     ]
@@ -76,20 +74,14 @@ def decide(idle: dict[str, Any] | None, syncs: dict[str, Any] | None = None) -> 
     return Verdict(cause, share, f"verdict: bound by {text(share * step, pct)}{syncs_text}")
 
 
-def _host_part(mean: dict[str, Any]) -> float | None:
-    transfer = mean.get("transfer_ms")
-    if transfer is None:
-        return None
-    return max(0.0, transfer - (mean.get("copy_ms") or 0.0))
-
-
 def _idle_text(cause, syncs: dict | None):
     """The verdict's sentence for an idle cause, from its row in ``gpu_busy.idle.causes``;
     for syncs, with the costliest site the sync report names."""
 
     def text(ms: float, pct: str) -> str:
         detail = _costliest_sync(syncs) if cause.verdict == "syncs" else ""
-        return f"{cause.bound_by.format(ms=ms)} ({pct}).{detail} First try: {cause.advice}"
+        row = f'the idle table\'s "{cause.label}" row'
+        return f"{cause.bound_by.format(ms=ms)} ({row}; {pct}).{detail} First try: {cause.advice}"
 
     return text
 
@@ -105,11 +97,21 @@ def _costliest_sync(syncs: dict | None) -> str:
     return f" The costliest sync: {s.get('op')} at {where}{cost_text}."
 
 
+def _transfer_text(ms: float, pct: str) -> str:
+    return (
+        f"the batch transfer: {TRANSFER_HOST} kept the device waiting {ms:.2f} ms per batch "
+        "(Lightning's "
+        "transfer, the on_before/on_after_batch_transfer hooks, the callbacks' "
+        f"on_train_batch_start; {pct}). First try: move host work in those hooks into the "
+        "Dataset's workers, or do it on the device"
+    )
+
+
 def _copies_text(ms: float, pct: str) -> str:
     return (
-        f"host-to-device copies: the batch's copy held the step back {ms:.2f} ms per batch on "
-        f"the compute stream, beyond the host's own work before the step ({pct}). First "
-        "try: StreamPrefetcher (copies on a side stream) and pin_memory=True in the DataLoader"
+        f"host-to-device copies: {COPY} held the step back {ms:.2f} ms per batch on the "
+        f"compute stream ({pct}). First try: StreamPrefetcher (copies on a side stream) and "
+        "pin_memory=True in the DataLoader"
     )
 
 
@@ -156,12 +158,6 @@ def _syncs_seen(syncs: dict | None, cuda: bool) -> str:
         f" ({steady:.2f} syncs per steady batch found: they cost nothing on a CPU; on a GPU "
         "each one drains the queue: see the sync report)"
     )
-
-
-def _add(a: float | None, b: float | None) -> float | None:
-    if a is None:
-        return b
-    return a + (b or 0.0)
 
 
 def _thresholds() -> str:

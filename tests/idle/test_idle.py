@@ -417,7 +417,7 @@ def test_a_callbacks_host_time_before_the_step_is_not_copy_time(scripted):
 
     mean = stats.means(cuda=True)
     verdict = decide({"clock": "cuda events", "mean": mean, "ranks": [mean]})
-    assert verdict.cause == "host" and "copies" not in verdict.line, verdict.line
+    assert verdict.cause == "transfer" and "copies" not in verdict.line, verdict.line
 
 
 def test_a_copy_that_outlasts_the_hosts_hooks_is_copy_time(scripted):

@@ -29,6 +29,7 @@ def gpu_report(**figures) -> dict:
     mean.update(figures)
     mean["idle_ms"] = sum(mean[f"idle_{c}_ms"] for c in ("data_wait", "sync_stall",
                                                            "launch_bound", "other"))  # fmt: skip
+    mean["transfer_host_ms"] = max(0.0, mean["transfer_ms"] - mean.get("copy_ms", 0.0))
     return {"clock": "cuda events", "world_size": 1, "mean": mean, "ranks": [mean]}
 
 
@@ -40,7 +41,7 @@ def gpu_report(**figures) -> dict:
         ({"idle_launch_bound_ms": 1.0}, "launches"),
         ({"idle_other_ms": 1.0}, "host"),
         ({"transfer_ms": 2.0, "copy_ms": 2.0}, "copies"),
-        ({"transfer_ms": 2.0, "copy_ms": 0.1}, "host"),  # the hooks held the step, not the copy
+        ({"transfer_ms": 2.0, "copy_ms": 0.1}, "transfer"),  # the hooks, not the copy
         ({"idle_data_wait_ms": 0.4, "idle_other_ms": 0.4}, "device"),  # each below 5%
     ],
 )
@@ -67,10 +68,10 @@ def test_a_cpu_run_never_blames_what_a_host_clock_cannot_see():
     report["clock"] = "host clock"
     for key in ("idle_sync_stall_ms", "idle_launch_bound_ms"):
         report["mean"][key] = None
-    report["mean"]["transfer_ms"] = 2.0  # host work on a CPU, not a copy
+    report["mean"]["transfer_ms"] = report["mean"]["transfer_host_ms"] = 2.0  # no copy on a CPU
     syncs = {"summary": {"steady_syncs_per_batch": 1.0}, "sites": []}
     verdict = decide(report, syncs)
-    assert verdict.cause == "host" and "copies" not in verdict.line
+    assert verdict.cause == "transfer" and "copies" not in verdict.line
     assert "1.00 syncs per steady batch found" in verdict.line
     assert decide(None).cause == "unknown" and "n/a" in decide({"mean": {}}).line
 
@@ -135,6 +136,31 @@ def test_host_work_between_steps_is_called_the_hosts(tmp_path, caplog):
     run, lines = fit_and_read(tmp_path, BlobClassifier(num_classes=5), BlobData(batch_size=8),
                               caplog, extra=[SlowHooks()])  # fmt: skip
     assert run["verdict"]["cause"] == "host", [x for x in lines if x.startswith("verdict")]
+
+
+class SlowTransferHook(BlobClassifier):
+    """Host work in on_after_batch_transfer (an augmentation on the host, say)."""
+
+    def on_after_batch_transfer(self, batch, dataloader_idx):
+        if self.trainer.training:
+            time.sleep(0.03)
+        return batch
+
+
+def test_the_verdict_quotes_a_row_of_the_table_and_advises_for_that_row(tmp_path, caplog):
+    """A transfer hook's host work: named as the table names it, with its own advice, and
+    the figure the verdict quotes is the one on that row."""
+    run, lines = fit_and_read(tmp_path, SlowTransferHook(num_classes=5), BlobData(batch_size=8),
+                              caplog)  # fmt: skip
+    (verdict,) = [x for x in lines if x.startswith("verdict")]
+    assert run["verdict"]["cause"] == "transfer", verdict
+    assert "the host's work before the step" in verdict and "Dataset's workers" in verdict
+    quoted = re.search(r"(\d+\.\d+) ms per batch", verdict).group(1)
+    start = next(i for i, x in enumerate(lines) if x.startswith("idle time:"))
+    table = lines[start : next(i for i, x in enumerate(lines) if x.startswith("idle report"))]
+    (row,) = [x for x in table if x.strip().startswith("the host's work before the step")]
+    assert f"{quoted} ms" in row and row.endswith("<< over"), row
+    assert not any(x.endswith("<< over") for x in table if x is not row)
 
 
 # One slow rank under 2-process CPU DDP, through the real entry point: with the other

@@ -25,6 +25,7 @@ Example::
 from __future__ import annotations
 
 import ast
+import contextlib
 import csv
 import errno
 import os
@@ -68,7 +69,8 @@ def write_atomically(path: str | os.PathLike, data: bytes | memoryview) -> None:
         with stops_deferred():
             _write_staged(path, stage, data)
     except OSError as e:
-        stage.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # a read-only disk refuses the unlink too
+            stage.unlink(missing_ok=True)
         try:
             free = f"{shutil.disk_usage(folder).free / 2**20:.0f} MiB free there"
         except OSError:

@@ -164,3 +164,41 @@ def test_a_slurm_requeue_save_lands_with_the_run_and_last_finds_it(tmp_path):
     second = run_entry_point([*args, "--ckpt_path=last"], cwd=tmp_path)
     assert second.returncode == 0, second.stderr[-3000:]
     assert f"resuming from {requeued.relative_to(tmp_path)}" in second.stderr
+
+
+def test_a_disk_that_turns_read_only_mid_run_ends_in_one_line_and_keeps_the_checkpoints(
+    tmp_path, monkeypatch, capsys
+):
+    """A remount read-only refuses the staged file and then its clean-up too (EROFS from
+    unlink, which missing_ok does not cover): one line, exit 1, earlier checkpoints whole."""
+    import errno
+    import pathlib
+
+    from gpu_busy.resume import checkpoint_file
+
+    main = cli_main()
+    monkeypatch.chdir(tmp_path)
+    real_write, real_unlink, writes = checkpoint_file._write_staged, pathlib.Path.unlink, []
+
+    def read_only_after_two(path, stage, data):
+        writes.append(path)
+        if len(writes) > 2:  # the first epoch's best and last land
+            raise OSError(errno.EROFS, "Read-only file system", str(stage))
+        real_write(path, stage, data)
+
+    def unlink(self, missing_ok=False):
+        if len(writes) > 2:
+            raise OSError(errno.EROFS, "Read-only file system", str(self))
+        real_unlink(self, missing_ok=missing_ok)
+
+    monkeypatch.setattr(checkpoint_file, "_write_staged", read_only_after_two)
+    monkeypatch.setattr(pathlib.Path, "unlink", unlink)
+    code = main(["fit", "--config", DEFAULT, "--config", DEBUG, "--trainer.max_epochs=3"])
+    monkeypatch.undo()
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if "error:" in line]
+    assert code == 1 and len(lines) == 1 and "Traceback" not in err, err[-2000:]
+    assert "Read-only file system" in lines[0] and "saved before it are intact" in lines[0]
+    saved = {p.name: p for p in tmp_path.rglob("*.ckpt")}
+    assert "last.ckpt" in saved
+    assert torch.load(saved["last.ckpt"], weights_only=True)["epoch"] == 0

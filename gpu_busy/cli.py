@@ -47,7 +47,13 @@ from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from gpu_busy.callbacks.run_summary import RunSummary
-from gpu_busy.config_files import check_config_files, close_match, config_files, key_origin
+from gpu_busy.config_files import (
+    check_config_files,
+    close_match,
+    config_files,
+    key_origin,
+    named_class_path,
+)
 from gpu_busy.errors import UserError
 from gpu_busy.faults.log_writes import guard_log_writes
 from gpu_busy.faults.training_stopped import TrainingStopped
@@ -692,18 +698,8 @@ def _subclass_of(path: str, base: str) -> bool:
 
 
 def _class_named(group: str, args: list[str]) -> type:
-    """The class ``group`` ends up with: the command line's class_path, else the last
-    config file's."""
-    path = None
-    for file in config_files(args):
-        section = (yaml.safe_load(file.read_text()) or {}).get(group)
-        if isinstance(section, dict) and section.get("class_path"):
-            path = section["class_path"]
-    for arg in args:
-        for prefix in (f"--{group}.class_path=", f"--{group}="):
-            if arg.startswith(prefix):
-                path = arg[len(prefix) :]
-    return _import_class(str(path))
+    """The class ``group`` ends up with (``config_files.named_class_path``)."""
+    return _import_class(str(named_class_path(group, args)))
 
 
 def argument_error_line(message: str) -> str:

@@ -15,6 +15,8 @@ Example::
 from __future__ import annotations
 
 import difflib
+import importlib
+import pkgutil
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -84,7 +86,7 @@ def check_config_files(args: list[str]) -> None:
                     f"{file} expands to more than {MAX_CONFIG_VALUES:,} values through YAML "
                     "aliases (*name); write the config out, or alias less"
                 )
-            yaml.safe_load(text)
+            loaded = yaml.safe_load(text)
         except yaml.YAMLError as e:
             mark = getattr(e, "problem_mark", None)
             where = f", line {mark.line + 1} column {mark.column + 1}" if mark else ""
@@ -92,6 +94,73 @@ def check_config_files(args: list[str]) -> None:
             raise UserError(f"{file}{where}: {problem}; fix the YAML there") from None
         except (OSError, UnicodeDecodeError) as e:
             raise UserError(f"cannot read config {file}: {e}") from None
+        if loaded is not None and not isinstance(loaded, dict):
+            shown = " ".join(str(loaded).split())
+            shown = shown if len(shown) <= 40 else shown[:37] + "..."
+            raise UserError(
+                f"{file} holds {type(loaded).__name__} {shown!r}, not settings: a config file "
+                "maps keys to values (trainer:, model:, data:); see configs/default.yaml"
+            )
+    for group in ("model", "data"):
+        path = named_class_path(group, args)
+        problem = path and class_path_problem(path)
+        if problem:
+            raise UserError(f"{group}.class_path {path}: {problem}")
+
+
+def named_class_path(group: str, args: list[str]) -> str | None:
+    """The class ``group`` ends up with: the command line's class_path, else the last
+    config file's that names one."""
+    path = None
+    for file in config_files(args):
+        try:
+            section = (yaml.safe_load(file.read_text()) or {}).get(group)
+        except (OSError, yaml.YAMLError, AttributeError):
+            continue
+        if isinstance(section, dict) and isinstance(section.get("class_path"), str):
+            path = section["class_path"]
+        elif isinstance(section, str):
+            path = section
+    for arg in args:
+        for prefix in (f"--{group}.class_path=", f"--{group}="):
+            if arg.startswith(prefix):
+                path = arg[len(prefix) :]
+    return path if path and "." in path and path not in ("null", "None") else None
+
+
+def class_path_problem(path: str) -> str | None:
+    """Why ``path`` names no class, with the closest name that exists; None where it does
+    (or where the module fails for a reason of its own: jsonargparse reports that)."""
+    module_name, _, name = path.rpartition(".")
+    parts = module_name.split(".")
+    for depth in range(len(parts), 0, -1):
+        prefix = ".".join(parts[:depth])
+        try:
+            module = importlib.import_module(prefix)
+        except ModuleNotFoundError as e:
+            if e.name is not None and not prefix.startswith(e.name):
+                return None  # the module imports a package that is missing: its own error
+            continue
+        except Exception:
+            return None
+        if depth == len(parts):
+            if hasattr(module, name):
+                return None
+            names = [n for n, v in vars(module).items() if isinstance(v, type)]
+            near = close_match(name, names)
+            hint = f"; did you mean {module_name}.{near}?" if near else ""
+            return f"module {module_name} has no {name}{hint}"
+        missing = parts[depth]
+        found = getattr(module, "__path__", None)
+        subs = [m.name for m in pkgutil.iter_modules(found)] if found else []
+        near = close_match(missing, subs)
+        fixed = ".".join([*parts[:depth], near, *parts[depth + 1 :], name]) if near else None
+        hint = f"; did you mean {fixed}?" if fixed else ""
+        return f"no module named {'.'.join(parts[: depth + 1])}{hint}"
+    # Among every installed top-level name only a near twin is a likely meaning.
+    near = close_match(parts[0], [m.name for m in pkgutil.iter_modules()], cutoff=0.8)
+    hint = f"; did you mean {'.'.join([near, *parts[1:], name])}?" if near else ""
+    return f"no module named {parts[0]}{hint}"
 
 
 def _dotted_keys(tree: object, prefix: str = "") -> Iterable[str]:
@@ -123,7 +192,7 @@ def key_origin(key: str, args: list[str]) -> str | None:
     return found
 
 
-def close_match(name: str, choices: Iterable[str]) -> str | None:
+def close_match(name: str, choices: Iterable[str], cutoff: float = 0.6) -> str | None:
     """The accepted name closest to a misspelt one, if one is close."""
-    found = difflib.get_close_matches(name, sorted(set(choices)), n=1, cutoff=0.6)
+    found = difflib.get_close_matches(name, sorted(set(choices)), n=1, cutoff=cutoff)
     return found[0] if found else None

@@ -74,6 +74,11 @@ class ImageClassifier(pl.LightningModule):
                 raise UserError(f"model.{name} must be in [{low:g}, {high:g}), got {value}")
         if num_classes < 2:
             raise UserError(f"model.num_classes must be at least 2, got {num_classes}")
+        if lr_batch_size < 1:
+            raise UserError(
+                f"model.lr_batch_size (the batch model.lr is given for) must be at least 1, "
+                f"got {lr_batch_size}"
+            )
         if not 0.0 < warmup_fraction < 1.0:
             raise UserError(f"model.warmup_fraction must be in (0, 1), got {warmup_fraction}")
         try:

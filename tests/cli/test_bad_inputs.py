@@ -341,7 +341,15 @@ class FillTheDisk(Callback):
         (["--trainer.accumulate_grad_batches=0"], "accumulate_grad_batches must be 1 or more"),
         (["--trainer.strategy=bogus"], "invalid strategy name"),
         (["--data.crop_padding=-1"], "padding must be >= 0"),
-        (["--model.class_path=nope.Module"], "No module named 'nope'"),
+        (["--model.class_path=nope.Module"], "no module named nope"),
+        (
+            ["--model.class_path=template.models.ImageClasifier"],
+            "did you mean template.models.ImageClassifier?",
+        ),
+        (
+            ["--model.lr_batch_size=0"],
+            "model.lr_batch_size (the batch model.lr is given for) must be at least 1",
+        ),
         (["--trainer.limit_train_batches=0"], "limit_train_batches=0 trains nothing"),
         # a misspelt key is not an abbreviation of another
         (["--trainer.max_epoch=1"], "trainer.max_epoch is not an option; did you mean"),
@@ -501,6 +509,14 @@ def test_a_misspelt_key_names_its_file_and_the_key_meant(in_tmp, capsys, yaml_te
     assert fit("--config", "mine.yaml") == 2
     said = f"error: mine.yaml: {key} is not an option; did you mean {meant}?"
     assert one_error_line(capsys).startswith(said)
+
+
+@pytest.mark.parametrize("text", ["just some text\n", "- a\n- list\n", "42\n"])
+def test_a_config_file_that_holds_no_settings_is_named(in_tmp, capsys, text):
+    (in_tmp / "mine.yaml").write_text(text)
+    assert fit("--config", "mine.yaml") == 2
+    line = one_error_line(capsys)
+    assert line.startswith("error: mine.yaml holds ") and "not settings" in line
 
 
 def test_a_misspelt_key_on_the_command_line_says_so(in_tmp, capsys):

@@ -41,6 +41,16 @@ class _StderrHandler(logging.StreamHandler):
     def stream(self, value) -> None:
         pass
 
+    def emit(self, record: logging.LogRecord) -> None:
+        tqdm = sys.modules.get("tqdm")
+        if tqdm is None:  # no progress bar can be open
+            super().emit(record)
+            return
+        # An open bar (Lightning's, ours) is cleared for the line and drawn again below it,
+        # instead of the line starting at the end of the bar's.
+        with tqdm.tqdm.external_write_mode(file=self.stream):
+            super().emit(record)
+
 
 class _WhenNobodyElse(_StderrHandler):
     """On this package's logger: prints a line only while the root logger has no handler,

@@ -5,7 +5,7 @@ is there in every test, with no ``pytest_plugins`` line.
 
 It sees what runs inside its block; what Lightning does around a step (the read of a
 ``prog_bar=True`` metric after it) needs a fit under ``SyncPointDetector(strict=True)``
-(README, "Finding host-device syncs").
+(README, "Your own model and data": a test file for your own model).
 
 Example::
 

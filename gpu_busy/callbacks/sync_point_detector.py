@@ -32,7 +32,7 @@ from gpu_busy import lightning_compat as compat
 from gpu_busy.callbacks.ranks import gather_objects, gather_rows, log_metrics, publish, run_dir
 from gpu_busy.log import get_logger
 from gpu_busy.report import syncs as syncs_report
-from gpu_busy.syncs.detector import SyncDetector
+from gpu_busy.syncs.detector import OPTIMIZER_STEP, SyncDetector
 from gpu_busy.syncs.rules import DDP_USED_MAP
 from gpu_busy.syncs.sampling import WatchedSums, WatchSchedule
 from gpu_busy.syncs.sites import SyncSiteTable, github_annotations, in_github_actions
@@ -144,7 +144,7 @@ class SyncPointDetector(compat.Callback):
         self._phase("after backward")
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
-        self._phase("optimizer step")
+        self._phase(OPTIMIZER_STEP)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if self.steps is None:

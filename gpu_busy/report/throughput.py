@@ -112,7 +112,12 @@ def _max(per_rank: list[dict], key: str) -> float | None:
 def headline(report: ThroughputReport) -> str:
     """Throughput and MFU in one line: what the run summary leads with."""
     world = report["world_size"]
-    if report["samples_per_s"] is not None:
+    if not report["timed_steps"]:
+        rate = (
+            f"n/a (no step timed after the {report['warmup_steps']} warm-up steps: a longer "
+            "run times some)"
+        )
+    elif report["samples_per_s"] is not None:
         rate = f"{rounded(report['samples_per_s'])} samples/s"
     else:
         rate = f"{figure(report['steps_per_s'])} steps/s (batches without a size)"

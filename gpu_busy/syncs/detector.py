@@ -40,7 +40,10 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import torch
-from torch.optim.optimizer import register_optimizer_step_pre_hook
+from torch.optim.optimizer import (
+    register_optimizer_step_post_hook,
+    register_optimizer_step_pre_hook,
+)
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakIdKeyDictionary
@@ -223,7 +226,7 @@ class SyncDetector:
             if self._track_ops:
                 stack.enter_context(self._cuda_debug_warnings())
             if self.simulating:
-                stack.enter_context(_host_step_counters(self))
+                stack.enter_context(_optimizer_step_hooks(self))
             stack.enter_context(_FunctionLayer(self))
             stack.enter_context(_DispatchLayer(self))
         except BaseException:
@@ -539,6 +542,9 @@ def fix_for(chain: tuple[str, ...], hint: str, chain_hints: tuple[tuple[str, str
     return hint
 
 
+# The phase a caller names for an optimizer step, and the one after it returns.
+OPTIMIZER_STEP, AFTER_OPTIMIZER_STEP = "optimizer step", "after optimizer step"
+
 _ALLOWED: contextvars.ContextVar[str | None] = contextvars.ContextVar("allowed", default=None)
 
 
@@ -852,8 +858,9 @@ _DATA = torch._C.TensorBase.__dict__["data"]
 
 
 @contextlib.contextmanager
-def _host_step_counters(d: SyncDetector) -> Iterator[None]:
-    """Before each optimizer step, its step counters are host memory where a GPU run keeps
+def _optimizer_step_hooks(d: SyncDetector) -> Iterator[None]:
+    """After each optimizer step, the phase the caller named for it ends. Before each, its
+    step counters are host memory where a GPU run keeps
     them there: torch.optim's Adam and its kin unless capturable or fused
     (``torch/optim/adam.py``: ``_get_value(step)`` reads one with ``.item()``, no wait). So
     counters made before watching began, or loaded on resume, are not device reads."""
@@ -867,13 +874,22 @@ def _host_step_counters(d: SyncDetector) -> Iterator[None]:
                 if isinstance(step, torch.Tensor) and step.numel() == 1:
                     d.mark_host(step)
 
-    handle = register_optimizer_step_pre_hook(
-        lambda optimizer, args, kwargs: d.guarded(mark, optimizer, args, kwargs)
+    def stepped(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        # What runs after the step (a callback's on_train_batch_end) is not the step's.
+        if d.phase == OPTIMIZER_STEP:
+            d.phase = AFTER_OPTIMIZER_STEP
+
+    handles = (
+        register_optimizer_step_pre_hook(
+            lambda optimizer, args, kwargs: d.guarded(mark, optimizer, args, kwargs)
+        ),
+        register_optimizer_step_post_hook(stepped),
     )
     try:
         yield
     finally:
-        handle.remove()
+        for handle in handles:
+            handle.remove()
 
 
 def _sets_data(func: Any) -> bool:

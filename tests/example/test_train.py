@@ -268,3 +268,20 @@ def test_readmes_checkpoint_commands_write_inside_the_run(in_tmp, capsys):
     assert "predict: 128 predictions written to" in out
     for noise in ("litlogger", "LeafSpec", "dirpath has changed"):
         assert noise not in out, noise
+
+
+def test_every_pointer_into_readme_names_a_part_of_it():
+    """`README, "Part"` in the code and docs names a heading or a bold lead of README."""
+    import re
+
+    readme = (ROOT / "README.md").read_text()
+    parts = set(re.findall(r"^#+ (.+)$", readme, re.M))
+    parts |= {m.rstrip(".") for m in re.findall(r"\*\*([^*]+)\*\*", readme)}
+    pointers = []
+    for folder in ("gpu_busy", "pytest_gpu_busy", "template", "bench", "scripts", "docs"):
+        for path in (ROOT / folder).rglob("*"):
+            if path.suffix in (".py", ".md"):
+                for name in re.findall(r"README[,(]? ?\(?\"([^\"]+)\"", path.read_text()):
+                    pointers.append((path.relative_to(ROOT), name))
+    assert pointers
+    assert [(str(p), n) for p, n in pointers if n not in parts] == []

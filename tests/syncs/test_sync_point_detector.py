@@ -329,6 +329,20 @@ def test_under_github_actions_the_users_sync_lines_are_annotated(tmp_path, monke
     assert "Tensor.item()" in out[0]
 
 
+class ReadsAtBatchEnd(pl.Callback):
+    """A user's callback, listed before the detector, reading the loss after the step."""
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.loss = outputs["loss"].item()  # after the optimizer step
+
+
+def test_a_read_after_the_optimizer_step_is_not_labelled_the_step(tmp_path):
+    detector = SyncPointDetector(overhead_budget=1.0)  # every step watched
+    _fit(tmp_path, ImageClassifier(width=4), [ReadsAtBatchEnd(), detector])
+    phases = {s.phase for s in detector.table.sites.values() if "outputs" in s.code}
+    assert phases == {"after optimizer step"}, detector.table.sites
+
+
 class ProgBarLoss(ImageClassifier):
     def training_step(self, batch, batch_idx):
         images, labels = batch

@@ -264,6 +264,17 @@ def test_the_report_gives_throughput_mfu_and_memory(monkeypatch):
     assert "expandable_segments is on already" in _report(4.0, 12.0)[1][3]
 
 
+def test_a_run_with_no_timed_step_says_that_is_why_throughput_is_na():
+    stats = ThroughputStats()  # every step was warm-up: none timed, none sized
+    memory = MemoryStats(0, None, None, None)
+    report, lines = end_of_fit(
+        [stats], [memory], flops=Flops(None, None, "n/a"), peak=peak_flops("cpu", None),
+        device="cpu", precision="32-true", clock="host clock", warmup_steps=5,
+    )  # fmt: skip
+    assert lines[0].startswith("throughput: n/a (no step timed after the 5 warm-up steps")
+    assert "without a size" not in lines[0]
+
+
 def test_mfu_without_a_peak_is_na_with_the_reason():
     stats = ThroughputStats(steps=10, device_ms=1000.0, samples=320, untokened_steps=10)
     report, lines = end_of_fit(

@@ -267,7 +267,7 @@ def test_the_report_gives_throughput_mfu_and_memory(monkeypatch):
 def test_a_run_with_no_timed_step_says_that_is_why_throughput_is_na():
     stats = ThroughputStats()  # every step was warm-up: none timed, none sized
     memory = MemoryStats(0, None, None, None)
-    report, lines = end_of_fit(
+    _, lines = end_of_fit(
         [stats], [memory], flops=Flops(None, None, "n/a"), peak=peak_flops("cpu", None),
         device="cpu", precision="32-true", clock="host clock", warmup_steps=5,
     )  # fmt: skip

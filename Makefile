@@ -65,6 +65,10 @@ $(STAMP): pyproject.toml $(LOCK)
 	$(PY) -m pip install --quiet $(INSTALL_FROM) uv $(if $(LOCK),-c $(LOCK))
 	$(VENV)/bin/uv pip install --quiet --python $(PY) $(INSTALL_FROM) \
 	  -e '.[template,dev]' $(if $(LOCK),-c $(LOCK))
+	@# Bytecode now, once: uv leaves it to the first import, and where PYTHONDONTWRITEBYTECODE
+	@# is set every process compiles torch and Lightning again (15 s of each start on 2 cores).
+	@# A package's files that do not compile (test data) fail here as they would on import.
+	@$(PY) -m compileall -q -j 0 "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" >/dev/null 2>&1 || true
 	@touch $(STAMP)
 
 # Re-resolve on purpose: the newest versions pyproject.toml allows, in a fresh venv; then

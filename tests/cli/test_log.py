@@ -29,6 +29,7 @@ def test_a_line_logged_under_an_open_progress_bar_starts_on_its_own_line(capsys)
     logger = logging.getLogger("template.test.bar")
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
+    logger.propagate = False  # the root's handler, where a CLI test set one, would write it too
     try:
         with tqdm(total=10, file=sys.stderr, desc="Epoch 0", ascii=True) as bar:
             bar.update(3)

@@ -4,7 +4,7 @@
 # make train CONFIG=configs/cifar10.yaml ARGS="--trainer.max_epochs=1"
 # make train RUNS=/scratch/me/runs       runs (logs, checkpoints, reports) there, not in runs/
 # make test                      the CPU test suite (GPU tests too where CUDA is present)
-# make test-quick                the same without the subprocess/DDP/learning tests (1.5 min)
+# make test-quick                the same without the subprocess/DDP/learning tests
 # make bench [QUICK=1]           the benchmark suite; results in runs/bench/bench.json
 # make compare A=runs/default/version_0 B=runs/default/version_1 [THRESHOLD=0.05] [SYNC_THRESHOLD=0]
 #                                two runs side by side; exit 1 when B fails a gate: throughput

@@ -40,7 +40,6 @@ from pathlib import Path
 
 import lightning.pytorch as pl
 import torch
-import yaml
 from jsonargparse import ArgumentError, Namespace
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.cli import LightningCLI
@@ -50,7 +49,7 @@ from gpu_busy.callbacks.run_summary import RunSummary
 from gpu_busy.config_files import (
     check_config_files,
     close_match,
-    config_files,
+    group_sections,
     key_origin,
     named_class_path,
 )
@@ -609,11 +608,7 @@ def carried_settings(group: str, final: object, args: list[str]) -> dict[str, tu
     values = final.get("init_args") or Namespace()
     carried: dict[str, tuple] = {}
     current = None
-    for file in config_files(args):
-        try:
-            section = (yaml.safe_load(file.read_text()) or {}).get(group)
-        except (OSError, yaml.YAMLError, AttributeError):
-            continue
+    for section in group_sections(group, args):
         if not isinstance(section, dict):
             continue
         current = section.get("class_path", current)

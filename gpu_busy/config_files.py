@@ -17,7 +17,7 @@ from __future__ import annotations
 import difflib
 import importlib
 import pkgutil
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import yaml
@@ -108,15 +108,22 @@ def check_config_files(args: list[str]) -> None:
             raise UserError(f"{group}.class_path {path}: {problem}")
 
 
-def named_class_path(group: str, args: list[str]) -> str | None:
-    """The class ``group`` ends up with: the command line's class_path, else the last
-    config file's that names one."""
-    path = None
+def group_sections(group: str, args: list[str]) -> Iterator[object]:
+    """Each ``--config`` file's section for ``group`` ("model", "data"), in order; a file
+    that does not parse is left out (``check_config_files`` has said so)."""
     for file in config_files(args):
         try:
             section = (yaml.safe_load(file.read_text()) or {}).get(group)
         except (OSError, yaml.YAMLError, AttributeError):
             continue
+        yield section
+
+
+def named_class_path(group: str, args: list[str]) -> str | None:
+    """The class ``group`` ends up with: the command line's class_path, else the last
+    config file's that names one."""
+    path = None
+    for section in group_sections(group, args):
         if isinstance(section, dict) and isinstance(section.get("class_path"), str):
             path = section["class_path"]
         elif isinstance(section, str):

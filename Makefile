@@ -31,6 +31,9 @@ ARGS ?=
 # Where runs are written (the logger's save_dir); empty: what the config says (runs/).
 RUNS ?=
 PYTEST_ARGS ?=
+# One worker per core (pytest-xdist); none where CUDA is present, since the GPU tests time the
+# device (tests/conftest.py). TEST_WORKERS=0 runs the suite in this process.
+TEST_WORKERS ?= auto
 QUICK ?=
 # make compare: the run directories, and the largest throughput drop allowed (a fraction)
 A ?=
@@ -113,10 +116,10 @@ train: install
 	$(PY) -m template.train fit --config $(DEFAULT_CONFIG) $$overlay $(TRAIN_FLAGS) $(ARGS)
 
 test: install
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
 
 test-quick: install
-	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal -m "not slow" $(PYTEST_ARGS)
 
 bench: install
 	$(PY) -m bench $(if $(QUICK),--quick) --out $(BENCH_OUT)

@@ -18,6 +18,15 @@ DEBUG = str(CONFIGS / "debug.yaml")
 # machine runs a subprocess fit several times slower than an idle one.
 HANG_S = 1800
 
+# Under `make test` the suite runs in several worker processes (pytest-xdist), one per core.
+# Its fits are tiny models on which a second intra-op thread only spin-waits: with two
+# workers on 2 cores, two threads each more than doubled the wall time (196 s serial, 317 s
+# two workers of two threads, 106 s two workers of one). The variable reaches the fits a
+# test starts as subprocesses (DDP ranks too).
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+
 
 def needs_cli():
     """Skip the calling module where the entry point cannot be imported: a GPU machine with
@@ -41,6 +50,16 @@ def pytest_configure(config):
     # checkout (a GPU machine with torch but without this project installed) load it here.
     if not config.pluginmanager.hasplugin("gpu_busy"):
         config.pluginmanager.import_plugin("pytest_gpu_busy")
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist, absent from a bare GPU machine
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto`: no workers where CUDA is present, since the GPU tests time the device and
+    the host that feeds it, and a second worker's load would be in their figures. Elsewhere
+    xdist's own count (the cores)."""
+    if torch.cuda.is_available():
+        return 0
+    return None
 
 
 def pytest_report_header(config):

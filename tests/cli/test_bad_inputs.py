@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import shutil
 import signal
 import subprocess
 import sys
@@ -78,10 +79,23 @@ def test_best_resumes_the_best_scoring_checkpoint_of_earlier_runs(in_tmp, capsys
 # -- damaged and foreign files -------------------------------------------------------------
 
 
-def _two_runs(root: Path) -> tuple[Path, Path]:
-    """Two versions of the run: the older last.ckpt is good, the newer one gets damaged."""
-    assert fit() == 0
-    assert fit("--trainer.max_epochs=2", "--ckpt_path=last") == 0
+@pytest.fixture(scope="module")
+def two_runs_made(tmp_path_factory) -> Path:
+    """Two versions of the run, fitted once for the module: the older last.ckpt is good, the
+    newer one is for a test to damage in its own copy."""
+    root = tmp_path_factory.mktemp("two_runs")
+    before = Path.cwd()
+    os.chdir(root)
+    try:
+        assert fit() == 0
+        assert fit("--trainer.max_epochs=2", "--ckpt_path=last") == 0
+    finally:
+        os.chdir(before)
+    return root
+
+
+def _two_runs(root: Path, made: Path) -> tuple[Path, Path]:
+    shutil.copytree(made / "runs", root / "runs")
     return ckpt_dir(root, 0) / "last.ckpt", ckpt_dir(root, 1) / "last.ckpt"
 
 
@@ -100,8 +114,10 @@ def _flip_a_byte_in_the_weights(path: Path) -> None:
     ],
     ids=["truncated", "empty", "flipped-bytes"],
 )
-def test_last_skips_a_damaged_newest_save_for_the_newest_good_one(in_tmp, capsys, damage, said):
-    older, newer = _two_runs(in_tmp)
+def test_last_skips_a_damaged_newest_save_for_the_newest_good_one(
+    in_tmp, capsys, two_runs_made, damage, said
+):
+    older, newer = _two_runs(in_tmp, two_runs_made)
     damage(newer)
     capsys.readouterr()
     assert fit("--trainer.max_epochs=3", "--ckpt_path=last") == 0
@@ -113,8 +129,8 @@ def test_last_skips_a_damaged_newest_save_for_the_newest_good_one(in_tmp, capsys
     assert load(ckpt_dir(in_tmp, 2) / "last.ckpt")["epoch"] == 2
 
 
-def test_an_explicit_damaged_checkpoint_is_one_line(in_tmp, capsys):
-    _, newer = _two_runs(in_tmp)
+def test_an_explicit_damaged_checkpoint_is_one_line(in_tmp, capsys, two_runs_made):
+    _, newer = _two_runs(in_tmp, two_runs_made)
     _flip_a_byte_in_the_weights(newer)
     capsys.readouterr()
     assert fit(f"--ckpt_path={newer}") == 2

@@ -136,8 +136,13 @@ class IdleTimeMonitor(compat.Callback):
     def log_window(self, trainer: pl.Trainer, rows: list[list[float]]) -> None:
         if self.log_stats:
             cuda = self.timer.is_cuda
-            per_rank = [IdleStats.from_list(r).means(cuda) for r in rows]
-            log_metrics(trainer, over_ranks(per_rank, prefix="idle/"))
+            stats = [IdleStats.from_list(r) for r in rows]
+            metrics = over_ranks([s.means(cuda) for s in stats], prefix="idle/")
+            # how many steps the means cover: fewer than log_every_n_steps marks a window
+            # cut short (the first after warm-up or a resume)
+            if steps := min(s.timed_steps for s in stats):
+                metrics["idle/window_steps"] = steps
+            log_metrics(trainer, metrics)
 
     # -- the end of fit ------------------------------------------------------------------
 

@@ -116,10 +116,14 @@ class ThroughputMonitor(compat.Callback):
 
     def log_window(self, trainer: pl.Trainer, rows: list[list[float]]) -> None:
         n = len(fields(ThroughputStats))
+        stats = [ThroughputStats.from_list(r[:n]) for r in rows]
         per_rank = [
-            {**ThroughputStats.from_list(r[:n]).rates(), **_memory_from(r[n:]).gib()} for r in rows
+            {**s.rates(), **_memory_from(r[n:]).gib()} for s, r in zip(stats, rows, strict=True)
         ]
-        log_metrics(trainer, over_ranks(per_rank, prefix="throughput/"))
+        metrics = over_ranks(per_rank, prefix="throughput/")
+        if steps := min(s.steps for s in stats):  # as idle/window_steps
+            metrics["throughput/window_steps"] = steps
+        log_metrics(trainer, metrics)
 
     def on_train_end(self, trainer, pl_module) -> None:
         if self._clock is not None:

@@ -37,8 +37,8 @@ def rows() -> list[tuple[str, str, tuple[str, ...], str]]:
         ("MFU (a fraction of the peak)", "throughput", ("mfu",), ""),
         ("peak memory allocated", "throughput", ("peak_allocated_gib",), " GiB"),
         ("peak memory reserved", "throughput", ("peak_reserved_gib",), " GiB"),
-        ("samples/s over the fit", "run", ("samples_per_s",), ""),
-        ("steps/s over the fit", "run", ("steps_per_s",), ""),
+        ("samples/s over the fit", "run", ("fit_samples_per_s",), ""),
+        ("steps/s over the fit", "run", ("fit_steps_per_s",), ""),
         ("step on the device, all told", "idle", ("mean", "step_ms"), " ms"),
         ("idle share", "idle", ("mean", "idle_pct"), "%"),
         *((f"  idle: {c.label}", "idle", ("mean", f"idle_{c.name}_ms"), " ms")

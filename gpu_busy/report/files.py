@@ -10,7 +10,7 @@ Example::
 
     files = RunFiles("runs/default/version_3")
     print(files.figure("idle", ("mean", "idle_ms")), files.rate())
-    write_report(Path("runs/default/version_3"), "run", {"samples_per_s": 2410.0})
+    write_report(Path("runs/default/version_3"), "run", {"fit_samples_per_s": 2410.0})
 """
 
 from __future__ import annotations
@@ -19,7 +19,11 @@ import json
 from pathlib import Path
 from typing import Any, TypedDict
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
+# Keys renamed by a version, per file: an older file is read under the new names.
+# 4: run.json's whole-fit rates were "samples_per_s" and "steps_per_s", the names
+# throughput.json (and run.json's "throughput") give the steady rates.
+RENAMED = {4: {"run": {"samples_per_s": "fit_samples_per_s", "steps_per_s": "fit_steps_per_s"}}}
 
 NAMES = ("run", "idle", "syncs", "prefetch", "throughput")
 
@@ -27,8 +31,8 @@ NAMES = ("run", "idle", "syncs", "prefetch", "throughput")
 # (label, file, keys) of a run's throughput, best first
 RATES = (
     ("samples/s, steady", "throughput", ("samples_per_s",)),
-    ("samples/s", "run", ("samples_per_s",)),
-    ("steps/s", "run", ("steps_per_s",)),
+    ("samples/s", "run", ("fit_samples_per_s",)),
+    ("steps/s", "run", ("fit_steps_per_s",)),
 )
 
 
@@ -38,8 +42,8 @@ class RunReport(TypedDict, total=False):
     steps: int
     world_size: int
     samples: int | None  # None: a batch Lightning could not size
-    samples_per_s: float | None
-    steps_per_s: float
+    fit_samples_per_s: float | None  # over train_seconds, summed over ranks
+    fit_steps_per_s: float
     verdict: dict[str, Any]  # {"cause": ..., "share": ...}
     throughput: dict[str, Any]  # throughput.json's headline figures (report.run.THROUGHPUT_KEYS)
 
@@ -117,7 +121,7 @@ class RunFiles:
         if not self.folder.is_dir():
             raise SystemExit(f"error: {folder} is not a directory: give a run directory")
         for name in NAMES:
-            setattr(self, name, _read(self.folder / f"{name}.json"))
+            setattr(self, name, _read(self.folder / f"{name}.json", name))
         if not any(self.files.values()):
             raise SystemExit(
                 f"error: {folder} holds no run.json, idle.json or syncs.json: give the run "
@@ -145,7 +149,7 @@ class RunFiles:
         return "throughput", None
 
 
-def _read(path: Path) -> dict | None:
+def _read(path: Path, name: str) -> dict | None:
     try:
         data = json.loads(path.read_text())
     except FileNotFoundError:
@@ -158,4 +162,8 @@ def _read(path: Path) -> dict | None:
             f"error: {path} has schema_version {version!r}, this gpu_busy reads up to "
             f"{SCHEMA_VERSION}: compare with the gpu_busy that wrote it"
         )
+    for since, files in RENAMED.items():
+        for old, new in files.get(name, {}).items() if version < since else ():
+            if old in data:
+                data[new] = data.pop(old)
     return data

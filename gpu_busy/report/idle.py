@@ -107,15 +107,16 @@ def render_table(report: dict[str, Any]) -> list[str]:
     mean, most = report["mean"], report["rank_max"]
     many = report["world_size"] > 1
     cuda = report["clock"] == "cuda events"
-    head = f"{'per batch':<36}{'mean':>18}" + (f"{'rank max':>18}" if many else "")
-    lines = [
+    title = (
         f"idle time: {report['steps']} training batches after the first "
         f"{report.get('warmup_steps', 0)} (warm-up, left out), {report['world_size']} "
-        f"rank(s), timed by {report['clock']}",
-        f"{head}   problem above",
-    ]
+        f"rank(s), timed by {report['clock']}"
+    )
     if not report.get("timed_steps"):
-        return [lines[0], f"  n/a: {untimed(report)}"]
+        return [title, f"  n/a: {untimed(report)}"]
+    rows: list[tuple[str, list[str], str]] = [
+        ("per batch", ["mean", "rank max"][: 1 + many], "problem above")
+    ]
 
     def row(
         label: str, key: str, problem: float | None = None, share: bool = True, unit: str = " ms"
@@ -123,12 +124,12 @@ def render_table(report: dict[str, Any]) -> list[str]:
         cells = [
             _cell(fig.get(key), fig.get("step_ms") if share else None, unit) for fig in (mean, most)
         ]
-        text = f"{label:<36}{cells[0]:>18}" + (f"{cells[1]:>18}" if many else "")
+        tail = ""
         if problem:
             value, step = mean.get(key), mean.get("step_ms")
             over = value is not None and step and value / step >= problem
-            text += f"   {100 * problem:.0f}% of a step" + ("  << over" if over else "")
-        lines.append(text)
+            tail = f"{100 * problem:.0f}% of a step" + ("  << over" if over else "")
+        rows.append((label, cells[: 1 + many], tail))
 
     row("step on the device, all told", "step_ms", share=False)
     row("idle between steps", "idle_ms")
@@ -146,6 +147,15 @@ def render_table(report: dict[str, Any]) -> list[str]:
         row("syncs per batch (CUDA sync debug, all)", "cuda_syncs_per_batch", share=False, unit="")
     if many:
         row("host: backward (holds DDP waits)", "host_backward_ms", share=False)
+    # Columns as wide as their widest entry, so a long label or a four-digit time never runs
+    # into its neighbour.
+    label_w = max(len(label) for label, _, _ in rows) + 2
+    cell_w = max(len(c) for _, cells, _ in rows for c in cells) + 3
+    lines = [title] + [
+        (f"{label:<{label_w}}" + "".join(f"{c:>{cell_w}}" for c in cells)
+         + (f"   {tail}" if tail else "")).rstrip()
+        for label, cells, tail in rows
+    ]  # fmt: skip
     for t in report.get("traces", []):
         if not t.get("device_events"):
             lines.append(f"trace {t.get('path', '')}: no device activity (a CPU run): n/a")

@@ -45,8 +45,8 @@ def summary(
         "steps": steps,
         "world_size": world,
         "samples": samples if countable else None,
-        "samples_per_s": samples / train_seconds if countable else None,
-        "steps_per_s": steps / train_seconds,
+        "fit_samples_per_s": samples / train_seconds if countable else None,
+        "fit_steps_per_s": steps / train_seconds,
     }
     # The one samples/s printed is the throughput report's (steady, the device's clock);
     # run.json keeps the whole fit's host-clock rates for compare.

@@ -40,9 +40,10 @@ def end_of_fit(
     # A watched batch is one training batch: under gradient accumulation, fewer
     # optimizer steps than batches.
     steps = f" ({optimizer_steps} optimizer steps)" if optimizer_steps != batches else ""
+    per_rank = " per rank" if world_size > 1 else ""
     headline = (
         f"sync points: {summary['watched_batches']} of {batches} training batches "
-        f"watched{steps}; {figure(summary['syncs_per_batch'])} syncs/batch, "
+        f"watched{per_rank}{steps}; {figure(summary['syncs_per_batch'])} syncs/batch, "
         f"{figure(summary['steady_syncs_per_batch'])} in steady state (not the first step, "
         f"not logging steps); {_overhead(summary)}"
     )
@@ -57,6 +58,9 @@ def end_of_fit(
         for s in table.ranked(watched)
     ]
     lines = [headline] + ([_cost_line(summary)] if table.sites else [])
+    if table.sites and world_size > 1:
+        # The headline's batches are one rank's; a site's count is every rank's together.
+        lines.append(f"  counts below are summed over the {world_size} ranks")
     lines += table.render(watched=watched, step_ms=summary["step_ms"])
     return {"summary": summary, "sites": sites}, lines
 

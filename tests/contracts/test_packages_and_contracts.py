@@ -17,6 +17,7 @@ import torch
 
 from gpu_busy.idle import IdleStats
 from gpu_busy.prefetch import PrefetchStats
+from gpu_busy.report.files import SCHEMA_VERSION
 from template.data.augment import DeviceAugment
 from tests.conftest import DEBUG, DEFAULT, HANG_S, ROOT, cli_main
 
@@ -178,7 +179,7 @@ def test_every_documented_metric_is_logged_and_every_logged_one_documented(in_tm
     # Every figure the mechanisms produce, GPU-only ones included (None, unlogged, on a CPU).
     declared = {f"idle/{k}" for k in IdleStats().means(cuda=True)}
     declared |= {f"prefetch/{k}" for k in PrefetchStats().means()}
-    declared |= {k for k in logged if k.startswith("syncs/")}
+    declared |= {k for k in logged if k.startswith("syncs/")} | {"idle/window_steps"}
     documented = _documented_metrics()
     assert documented == declared, (documented - declared, declared - documented)
     assert logged <= documented, logged - documented
@@ -186,10 +187,36 @@ def test_every_documented_metric_is_logged_and_every_logged_one_documented(in_tm
     assert "_rank_max" in (ROOT / "docs" / "GUIDE.md").read_text()
 
 
+def test_a_window_cut_short_by_the_warm_up_or_a_resume_says_how_many_steps_it_covers(in_tmp):
+    # A resumed run's first logged means once covered only the steps since the resume, with
+    # nothing to tell that row from a whole window's.
+    args = ["--config", DEFAULT, "--config", DEBUG, "--trainer.limit_train_batches=12",
+            "--trainer.log_every_n_steps=4", "--trainer.limit_val_batches=1"]  # fmt: skip
+    assert main(["fit", *args, "--trainer.max_epochs=1", "--trainer.max_steps=9"]) == 0
+    assert main(["fit", *args, "--trainer.max_epochs=2", "--ckpt_path=last"]) == 0
+
+    def windows(version: int) -> dict[str, list[tuple[int, int]]]:
+        path = in_tmp / "runs" / "debug" / f"version_{version}" / "metrics.csv"
+        with path.open() as f:
+            rows = list(csv.DictReader(f))
+        return {
+            name: [(int(r["step"]), int(float(r[name]))) for r in rows if r.get(name)]
+            for name in ("idle/window_steps", "throughput/window_steps")
+        }
+
+    # Each fit leaves out its first 5 steps (the monitors' default warm-up). The first run times
+    # steps 5-7 of the window that ends at step 7; the resumed one (from step 9) times steps
+    # 14-15, then whole windows of 4.
+    assert windows(0) == {"idle/window_steps": [(7, 3)], "throughput/window_steps": [(7, 3)]}
+    resumed = windows(1)
+    assert resumed["idle/window_steps"] == resumed["throughput/window_steps"]
+    assert resumed["idle/window_steps"][:2] == [(15, 2), (19, 4)], resumed
+
+
 def test_reports_name_ranks_and_keep_one_name_per_quantity(in_tmp):
     assert main(["fit", "--config", DEFAULT, "--config", DEBUG]) == 0
     idle = json.loads((in_tmp / "runs" / "debug" / "version_0" / "idle.json").read_text())
-    assert [r["rank"] for r in idle["ranks"]] == [0] and idle["schema_version"] == 3
+    assert [r["rank"] for r in idle["ranks"]] == [0] and idle["schema_version"] == SCHEMA_VERSION
     assert "loader_wait_ms" in idle["mean"] and "host_data_wait_ms" not in idle["mean"]
     assert "prefetch" not in idle and "syncs" not in idle  # each callback its own file
 

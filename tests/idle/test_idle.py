@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -501,6 +502,25 @@ def test_a_cuda_report_gives_syncs_as_a_count_and_times_in_ms():
     (syncs,) = [line for line in text if line.startswith("syncs per batch")]
     assert syncs.split()[-1] == "3.00", syncs
     assert any(line.startswith("idle between steps") and " ms (" in line for line in text)
+
+
+def test_the_tables_columns_never_touch_with_four_digit_times_and_two_ranks():
+    # A DDP run's table once read "814.77 ms (98.8%) 815.01 ms (98.8%)", and a four-digit
+    # time ran its two columns together.
+    fast = IdleStats(steps=4, timed_steps=4, idle_ms=40.0, device_ms=7_000.0, syncs=4)
+    slow = IdleStats(steps=4, timed_steps=4, idle_ms=80.0, device_ms=49_000.0, syncs=4)
+    lines = render_table(build_report([fast, slow], cuda=True, clock="cuda events"))
+    header = lines[1]
+    mean_end = header.index("mean") + len("mean")
+    max_end = header.index("rank max") + len("rank max")
+    for line in lines[2:]:
+        # label, mean, rank max (and a threshold): two spaces at least between any two
+        columns = re.split(r" {2,}", line.strip())
+        assert len(columns) in (3, 4), line
+        # each cell right-aligned under its heading
+        assert line[:mean_end].endswith(columns[1]) and line[:max_end].endswith(columns[2])
+    step = next(line for line in lines if line.startswith("the step itself"))
+    assert re.split(r" {2,}", step)[1:] == ["7000.00 ms (99.8%)", "12250.00 ms (99.8%)"]
 
 
 # -- the callback, in a real fit on the CPU ------------------------------------------------

@@ -72,7 +72,7 @@ def test_a_faster_run_with_more_syncs_passes_unless_the_syncs_gate_is_on(tmp_pat
 
 
 def write_run(folder, samples_per_s: float) -> str:
-    write_report(folder, "run", {"samples_per_s": samples_per_s})
+    write_report(folder, "run", {"fit_samples_per_s": samples_per_s})
     return str(folder)
 
 
@@ -86,6 +86,17 @@ def test_a_throughput_drop_beyond_the_threshold_fails(tmp_path, capsys, b_rate, 
         "worse: B failed the throughput gate" if status else "ok: B failed no gate"
     )
     assert "n/a" in out  # no idle or sync report: their rows say so, no picture
+
+
+def test_an_older_run_json_is_read_under_the_keys_renamed_since(tmp_path, capsys):
+    # Before version 4 run.json named its whole-fit rate "samples_per_s", as
+    # throughput.json names the steady one.
+    a = tmp_path / "a"
+    a.mkdir()
+    (a / "run.json").write_text(json.dumps({"schema_version": 3, "samples_per_s": 100.0}))
+    b = write_run(tmp_path / "b", 94.0)
+    assert main([str(a), b, "--picture", ""]) == 1
+    assert "throughput gate FAILED: samples/s -6.0% (allowed -5%)" in capsys.readouterr().out
 
 
 def test_a_folder_without_reports_is_one_line(tmp_path):

@@ -443,3 +443,35 @@ def test_a_cpu_fit_moves_as_to_cuda_only_while_it_runs(tmp_path):
     trainer.fit(LogsEveryStep())
     assert seen and all("cpu" not in blocking for blocking in seen), seen
     assert apply_func._BLOCKING_DEVICE_TYPES == before == ("cpu", "mps")
+
+
+def test_under_ddp_the_report_says_which_figures_are_per_rank_and_which_are_summed():
+    # A 2-rank report once printed "96 of 96 training batches watched" over site counts of
+    # 192x, with nothing to say the first is one rank's and the second both ranks'.
+    from gpu_busy.report.syncs import end_of_fit
+    from gpu_busy.syncs.detector import SyncEvent
+    from gpu_busy.syncs.sampling import WatchedSums
+    from gpu_busy.syncs.sites import SyncSiteTable
+
+    tables = []
+    for _rank in range(2):
+        table = SyncSiteTable()
+        for step in range(96):
+            table.add_all([SyncEvent(".item()", "model.py", 12)], step=step, logging=False)
+        tables.append(table)
+    tables[0].merge(tables[1].rows())
+    totals = WatchedSums(watched=192, syncs=192, steady_watched=192, steady_syncs=192)
+    _, lines = end_of_fit(
+        tables[0], totals, world_size=2, batches=96, optimizer_steps=96,
+        costs=(None, None), budget=0.01, interval=1, fit_seconds=10.0,
+    )  # fmt: skip
+    assert "96 of 96 training batches watched per rank;" in lines[0]
+    assert "1.00 syncs/batch" in lines[0]
+    assert "  counts below are summed over the 2 ranks" in lines
+    assert any(line.strip().startswith("192x  model.py:12") for line in lines), lines
+    _, one = end_of_fit(
+        tables[1], WatchedSums(96, 96, 96, 96), world_size=1, batches=96, optimizer_steps=96,
+        costs=(None, None), budget=0.01, interval=1, fit_seconds=10.0,
+    )  # fmt: skip
+    assert "96 of 96 training batches watched;" in one[0]
+    assert not any("summed over" in line for line in one)

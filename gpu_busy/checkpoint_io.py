@@ -22,7 +22,8 @@ snapshot buffers are the ones reused), as do removing the file being written and
 of the run, so every checkpoint a callback was told was saved is on disk when the run ends. A
 failed write is logged when it fails; at the end the run fails with one line if a
 checkpoint's newest save never reached the disk. The snapshot's host memory (pinned on a
-GPU) is said at the first save.
+GPU) is said at the first save. A state the snapshot cannot copy (an object pickling
+refuses) is written in place, and the first such save says so in one line.
 
 Example::
 
@@ -85,7 +86,9 @@ class BackgroundCheckpointIO(AtomicCheckpointIO):
     def __init__(self, background: bool | None = None) -> None:
         super().__init__()
         self.background = background
-        self.in_background: bool | None = None  # decided at a fit's first save
+        self.in_background: bool | None = None  # decided at a fit's first save, kept after
+        self._decided = False  # in this fit
+        self._told_in_place = False
         self.snapshot = StateSnapshot()
         self.blocked_s: list[float] = []  # per save: how long the loop was held
         self._writer: ThreadPoolExecutor | None = None
@@ -100,7 +103,17 @@ class BackgroundCheckpointIO(AtomicCheckpointIO):
         if target is None or not self._in_background(checkpoint):
             super().save_checkpoint(checkpoint, path, storage_options)
             return
-        state, ready = self.snapshot.take(checkpoint)
+        try:
+            state, ready = self.snapshot.take(checkpoint)
+        except Exception as err:  # pickling refused an object: torch.save says it best
+            if not self._told_in_place:
+                log.warning(
+                    "checkpoint %s is written in place: its state could not be copied for a "
+                    "background write (%s: %s)", target, type(err).__name__, err,
+                )  # fmt: skip
+                self._told_in_place = True
+            super().save_checkpoint(checkpoint, path, storage_options)
+            return
         if not self.blocked_s:
             log.info(
                 "checkpoints are written in the background from a snapshot of the state: "
@@ -115,7 +128,8 @@ class BackgroundCheckpointIO(AtomicCheckpointIO):
         self.blocked_s.append(time.perf_counter() - started)
 
     def _in_background(self, checkpoint: dict[str, Any]) -> bool:
-        if self.in_background is None:
+        if not self._decided:
+            self._decided = True
             self.in_background = self.background
             if self.background is None:
                 self.in_background = _holds_cuda_tensors(checkpoint)
@@ -160,7 +174,7 @@ class BackgroundCheckpointIO(AtomicCheckpointIO):
                 self._writer.shutdown(wait=True)
                 self._writer = None
         super().teardown()
-        self.in_background = None  # the next fit may run elsewhere
+        self._decided = False  # the next fit may run elsewhere; in_background stays readable
         failed, self._failed = list(self._failed.values()), {}
         if failed:
             raise SaveFailed(

@@ -7,10 +7,13 @@ tests/faults/test_faults.py::test_sigterm_saves_a_checkpoint_that_resumes_exactl
 from __future__ import annotations
 
 import copy
+import io
 import os
+import pickle
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -82,10 +85,11 @@ def _fit_saving_every_2_steps(tmp_path, plugin, steps=10):
     return record
 
 
-def _files_hold_the_state_at_their_save(tmp_path, record) -> list[bool]:
+def _files_hold_the_state_at_their_save(tmp_path, record, weights_only=True) -> list[bool]:
     out = []
     for step, state in sorted(record.at.items()):
-        saved = torch.load(tmp_path / f"s{step}.ckpt", map_location="cpu", weights_only=True)
+        path = tmp_path / f"s{step}.ckpt"
+        saved = torch.load(path, map_location="cpu", weights_only=weights_only)
         out.append(
             _same(saved["state_dict"], state["state_dict"])
             and _same(saved["optimizer_states"], state["optimizer"])
@@ -165,6 +169,112 @@ def test_device_tensors_are_copied_on_a_side_stream_ordered_by_events_not_a_host
     assert torch.equal(state["w"], live) and state["w"].data_ptr() != live.data_ptr()
 
 
+class KeepsAModule(BoringModel):
+    """Lightning's CIFAR-10 baseline tutorial keeps a trained module in its hyperparameters
+    (``SWAResnet(trained_model, ...)``): the checkpoint pickles that live module whole."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.inner = inner
+
+    def forward(self, x):
+        return self.layer(self.inner(x))
+
+    def configure_optimizers(self):
+        return torch.optim.Adam(self.parameters(), lr=0.1)
+
+
+class HyperparametersAtSave(Callback):
+    def __init__(self) -> None:
+        self.at: dict[int, dict] = {}
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint) -> None:
+        module = checkpoint["hyper_parameters"]["inner"]
+        self.at[checkpoint["global_step"]] = copy.deepcopy(module.state_dict())
+
+
+def _storages(obj) -> dict[int, int]:
+    """Every storage ``torch.save`` would write for ``obj``: its data pointer and bytes."""
+    found: dict[int, int] = {}
+
+    class Spy(pickle.Pickler):
+        def persistent_id(self, x):
+            if isinstance(x, torch.storage.TypedStorage | torch.UntypedStorage):
+                found[x.data_ptr()] = x.nbytes()
+                return len(found)
+            return None
+
+    Spy(io.BytesIO(), protocol=2).dump(obj)
+    return found
+
+
+def test_a_module_in_the_hyperparameters_is_saved_as_it_was_at_the_save_from_host_copies(
+    tmp_path, monkeypatch
+):
+    # The route a GPU takes, on the CPU: every storage counts as a device one, and the
+    # streams and events are the recording stand-in's.
+    _slow_writes(monkeypatch, 0.05)  # training goes on while each file is written
+    cuda, routed = RecordingCuda(), []
+    plugin = BackgroundCheckpointIO(background=True)
+    plugin.snapshot = StateSnapshot(
+        cuda=cuda, on_device=lambda s: routed.append(s.data_ptr()) or True
+    )
+    written: list[dict[int, int]] = []
+    real_save = torch.save
+
+    def spying_save(obj, f, *args, **kwargs):
+        if threading.current_thread().name.startswith("checkpoint-writer"):
+            written.append(_storages(obj))
+        return real_save(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", spying_save)
+    inner = nn.Sequential(nn.Linear(32, 32), nn.Tanh())
+    model = KeepsAModule(inner)
+    record, at_save = StateAtSave(), HyperparametersAtSave()
+    saves = ModelCheckpoint(
+        tmp_path, "s{step}", every_n_train_steps=2, save_top_k=-1, auto_insert_metric_name=False
+    )
+    trainer = quiet_trainer(
+        max_steps=10, plugins=[plugin], callbacks=[saves, record, at_save],
+        enable_checkpointing=True,
+    )  # fmt: skip
+    trainer.fit(model)
+    assert sorted(at_save.at) == [2, 4, 6, 8, 10] and plugin.in_background is True
+    for step, expected in at_save.at.items():
+        saved = torch.load(tmp_path / f"s{step}.ckpt", weights_only=False)
+        kept = saved["hyper_parameters"]["inner"]
+        assert isinstance(kept, nn.Sequential) and kept is not inner
+        assert _same(kept.state_dict(), expected), step  # bitwise: torch.equal on each
+    assert _files_hold_the_state_at_their_save(tmp_path, record, weights_only=False) == [True] * 5
+    assert not _same(at_save.at[2], at_save.at[10])  # the module trained on between saves
+    # Every live storage the checkpoint reaches, the module's inside the hyperparameters
+    # too, took the side-stream copy; the writer thread pickled none of them.
+    live = _storages([model.state_dict(), trainer.optimizers[0].state_dict(), dict(model.hparams)])
+    assert inner[0].weight.data_ptr() in live and set(live) <= set(routed)
+    assert cuda.calls.count("copies enqueued on side") == 5
+    # The writer reads the snapshot's host buffers and nothing else: no live storage, and
+    # no copy made outside the snapshot (a module deep-copied: on a GPU, a device copy).
+    assert len(written) == 5 and not any(w.keys() & live.keys() for w in written)
+    assert all(sum(w.values()) == plugin.snapshot.bytes for w in written)
+
+
+def test_a_state_that_cannot_be_copied_is_written_in_place_said_once(tmp_path, caplog):
+    plugin = BackgroundCheckpointIO(background=True)
+    state = {"w": torch.ones(2), "make": lambda: 0}  # pickling refuses a lambda
+    with pytest.raises(Exception, match="lambda"):
+        plugin.save_checkpoint(state, tmp_path / "a.ckpt")  # as torch.save in place says
+    assert caplog.text.count("is written in place: its state could not be copied") == 1
+
+
+def test_after_a_fit_the_plugin_still_says_where_it_wrote(tmp_path):
+    # The GPU test read plugin.in_background after fit() and found None: the field was reset
+    # at teardown, so the background path's test could never pass.
+    plugin = BackgroundCheckpointIO(background=True)
+    _fit_saving_every_2_steps(tmp_path, plugin, steps=4)
+    assert plugin.in_background is True
+
+
 def test_one_write_at_a_time_and_the_loop_is_held_only_for_the_snapshot(tmp_path, monkeypatch):
     _slow_writes(monkeypatch, 0.5)
     plugin = BackgroundCheckpointIO(background=True)
@@ -211,11 +321,12 @@ def test_the_snapshot_reuses_its_buffers_and_copies_what_could_change():
     state["lr"][0] = 0.2
     assert first["rng"][1][0] == 0 and first["lr"] == [0.1]
     second, _ = snapshot.take(state)
-    assert second["t"] is buffer  # the same layout: the same host buffer
+    assert second["t"].data_ptr() == buffer.data_ptr()  # the same layout: the same buffer
     assert snapshot.bytes == 16
     tied = torch.ones(3)
     third, _ = snapshot.take({"embedding": tied, "head": tied.detach(), "t": torch.ones(4)})
-    assert third["embedding"] is third["head"]  # one memory, one buffer: as torch.save keeps
+    # one memory, one buffer: as torch.save keeps
+    assert third["embedding"].data_ptr() == third["head"].data_ptr() != tied.data_ptr()
     assert snapshot.bytes == 12 + 16
 
 

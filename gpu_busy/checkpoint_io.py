@@ -90,7 +90,11 @@ class BackgroundCheckpointIO(AtomicCheckpointIO):
         self._decided = False  # in this fit
         self._told_in_place = False
         self.snapshot = StateSnapshot()
-        self.blocked_s: list[float] = []  # per save: how long the loop was held
+        # per background save: how long the loop was held, and the part of it spent waiting
+        # for the previous write; per write: how long the writer took
+        self.blocked_s: list[float] = []
+        self.waited_s: list[float] = []
+        self.write_s: list[float] = []
         self._writer: ThreadPoolExecutor | None = None
         self._in_flight: Future | None = None
         self._writing: str | None = None  # the file the write in flight goes to
@@ -100,6 +104,7 @@ class BackgroundCheckpointIO(AtomicCheckpointIO):
         target = _local(path, storage_options)
         started = time.perf_counter()
         self.wait()  # one write at a time: its snapshot buffers are reused now
+        waited = time.perf_counter() - started
         if target is None or not self._in_background(checkpoint):
             super().save_checkpoint(checkpoint, path, storage_options)
             return
@@ -126,6 +131,7 @@ class BackgroundCheckpointIO(AtomicCheckpointIO):
         self._in_flight = self._writer.submit(self._write, state, ready, target)
         self._writing = target
         self.blocked_s.append(time.perf_counter() - started)
+        self.waited_s.append(waited)
 
     def _in_background(self, checkpoint: dict[str, Any]) -> bool:
         if not self._decided:
@@ -142,6 +148,7 @@ class BackgroundCheckpointIO(AtomicCheckpointIO):
         return self.in_background
 
     def _write(self, state: Any, ready: Any, target: str) -> None:
+        started = time.perf_counter()
         ready()  # the device's copies into the snapshot have landed
         buffer = io.BytesIO()
         torch.save(plain_numbers(state), buffer)
@@ -151,6 +158,8 @@ class BackgroundCheckpointIO(AtomicCheckpointIO):
             self._failed[target] = e
             log.error("checkpoint write failed in the background: %s", e.strerror)
             return
+        finally:
+            self.write_s.append(time.perf_counter() - started)
         self._failed.pop(target, None)
 
     def wait(self) -> None:

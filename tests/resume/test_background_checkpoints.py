@@ -330,6 +330,29 @@ def test_the_snapshot_reuses_its_buffers_and_copies_what_could_change():
     assert snapshot.bytes == 12 + 16
 
 
+def test_views_objects_and_unusual_tensors_come_out_as_torch_save_keeps_them():
+    base, module = torch.arange(12.0), nn.Linear(2, 2)
+    state = {
+        "base": base, "half": base[6:], "module": module, "weight": module.weight.detach(),
+        "conj": torch.tensor([1 + 2j]).conj(), "meta": torch.empty(3, device="meta"),
+    }  # fmt: skip
+    snapshot = StateSnapshot()
+    taken, ready = snapshot.take(state)
+    ready()
+    # one buffer per storage, shared by its views in containers and inside objects alike
+    assert taken["half"].data_ptr() == taken["base"].data_ptr() + 6 * 4
+    assert taken["module"].weight.data_ptr() == taken["weight"].data_ptr()
+    assert taken["weight"].data_ptr() != module.weight.data_ptr()
+    assert snapshot.bytes == 12 * 4 + (4 + 2) * 4 + 8  # base, the module's two, the complex
+    base.add_(1.0)
+    with torch.no_grad():
+        module.weight.add_(1.0)  # training goes on
+    assert torch.equal(taken["half"], torch.arange(6.0, 12.0))
+    assert torch.equal(taken["module"].weight + 1.0, module.weight.detach())
+    assert torch.equal(taken["conj"].resolve_conj(), torch.tensor([1 - 2j]))
+    assert taken["meta"].device.type == "meta" and taken["meta"].shape == (3,)
+
+
 def test_a_failed_background_write_is_told_at_once_and_fails_the_run_at_the_end(
     tmp_path, monkeypatch, caplog
 ):

@@ -842,10 +842,10 @@ class _FunctionLayer(TorchFunctionMode):
         return out
 
     def _observe(self, rule: Rule, args: tuple, kwargs: dict) -> bool:
-        if self.d._inside or not rule.applies(self.d, args, kwargs):
-            return False
-        self.d.record(rule.label, hint=rule.hint)
-        return True
+        count = 0 if self.d._inside else rule.count(self.d, args, kwargs)
+        for _ in range(count):  # one event per sync: x[mask, idx] = 1.0 makes two
+            self.d.record(rule.label, hint=rule.hint)
+        return count > 0
 
     def _tag_backward(self, rule: Rule, args: tuple, kwargs: dict, out: Any) -> None:
         """Remember on the autograd node that its backward syncs, and the forward line."""

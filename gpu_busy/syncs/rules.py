@@ -44,10 +44,15 @@ class Rule:
     syncs: Check | None = None  # None: whenever its first argument is device memory
     owns: bool = False  # Python rules: the decision covers everything the call runs
 
-    def applies(self, d: Any, args: tuple, kwargs: dict) -> bool:
+    def count(self, d: Any, args: tuple, kwargs: dict) -> int:
+        """How many syncs the call makes: a check may give a number where one call makes
+        several (a bool is 0 or 1)."""
         if self.syncs is not None:
-            return bool(self.syncs(d, args, kwargs))
-        return bool(args) and d.on_device(args[0])
+            return int(self.syncs(d, args, kwargs))
+        return int(bool(args) and d.on_device(args[0]))
+
+    def applies(self, d: Any, args: tuple, kwargs: dict) -> bool:
+        return self.count(d, args, kwargs) > 0
 
 
 def arg(args: tuple, kwargs: dict, index: int, name: str, default: Any = None) -> Any:
@@ -189,21 +194,28 @@ def _getitem_syncs(d: Any, args: tuple, kwargs: dict) -> bool:
     return any(is_mask(i) for i in index_parts(index)) or _host_index(d, index)
 
 
-def _setitem_syncs(d: Any, args: tuple, kwargs: dict) -> bool:
+def _setitem_syncs(d: Any, args: tuple, kwargs: dict) -> int:
     self_, index, value = args[0], args[1], args[2]
     if _number_index(d, index):
-        return True
+        return 1
     if not d.on_device(self_):
-        return False
+        return 0
     if _host_index(d, index):
-        return True
-    if not any(is_mask(i) for i in index_parts(index)):
-        return False
-    # x[mask] = 1.0 becomes masked_fill_ (no read); so does a 0-dim host tensor (its .item()
-    # is on the host). A device value, or several values, need the mask's positions.
-    if not isinstance(value, torch.Tensor):
-        return False
-    return d.on_device(value) or value.dim() > 0
+        return 1
+    tensors = [i for i in index_parts(index) if isinstance(i, torch.Tensor)]
+    if not any(is_mask(i) for i in tensors):
+        return 0
+    # aten/src/ATen/native/TensorAdvancedIndexing.cpp, _index_put_impl_: a mask that is the
+    # only tensor index, with one value in host memory (a Python number, a host tensor),
+    # becomes masked_fill_ (canDispatchToMaskedFill): no read. Otherwise the mask's
+    # positions are read back (nonzero, in expandTensors), and a host value of one element
+    # is first copied to the device, blocking (value.to(self.device())): x[mask, idx] = 1.0.
+    host_value = not isinstance(value, torch.Tensor) or not d.on_device(value)
+    one_value = not isinstance(value, torch.Tensor) or value.numel() == 1
+    if len(tensors) == 1 and host_value and one_value:
+        return 0
+    scalar_copy = host_value and (not isinstance(value, torch.Tensor) or value.dim() == 0)
+    return 1 + int(scalar_copy)
 
 
 # -- functions whose sync depends on their arguments --------------------------------------
@@ -351,8 +363,10 @@ PYTHON_RULES: dict[Any, Rule] = {
         owns=True,
     ),
     torch.Tensor.__setitem__: Rule(
-        "x[mask] = tensor / x[host index] = ... (boolean-mask or host-index assignment)",
-        "use torch.where(mask, value, x), or masked_fill with a Python number",
+        "x[mask] = tensor / x[mask, idx] = ... / x[host index] = ... (boolean-mask or "
+        "host-index assignment)",
+        "use torch.where(mask, value, x), or masked_fill with a Python number (the mask the "
+        "only index: fold another index into the mask first)",
         _setitem_syncs,
         owns=True,
     ),
@@ -579,6 +593,17 @@ LIBRARY_READS: tuple[tuple[str, str], ...] = (
         "torchmetrics' MeanMetric/SumMetric/... look for NaN on the host at every update: "
         'nan_strategy="disable" skips the check (a NaN then reaches the result, as in a '
         "plain mean)",
+    ),
+    (
+        # torch/distributions/distribution.py (torch 2.11-2.14): __init__ and
+        # _validate_sample check every argument and sample against its constraint with
+        # `if not torch._is_all_true(valid)`, a read of a device tensor, when validate_args
+        # is on (the default outside python -O).
+        "torch/distributions/distribution.py",
+        "torch.distributions checks its arguments and samples on the host (validate_args): "
+        "pass validate_args=False to the distribution, or call "
+        "torch.distributions.Distribution.set_default_validate_args(False) once, for code "
+        "whose inputs you trust",
     ),
 )
 

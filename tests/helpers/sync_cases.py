@@ -30,6 +30,8 @@ class Tensors:
         self.ind = torch.randint(4, (3,), generator=g).to(**on)
         self.repeats = torch.full((1,), 2, **on)
         self.mask = torch.tensor([True, False, True, False], **on)
+        self.grid = torch.rand(4, 3, generator=g).to(**on)
+        self.cols = torch.tensor([0, 2], **on)  # one per row the mask keeps
         self.sym = (lambda a: a @ a.T)(torch.randn(3, 3, generator=g)).to(**on)
         self.logits = torch.randn(6, 3, generator=g).to(**on)
         self.labels = torch.tensor([0, 1, 2, 0, 1, 2], **on)
@@ -136,6 +138,14 @@ CASES = [
     Case("mask_assign_device_value", lambda t: _set(t.x, t.mask, t.y), 1, TTS),
     Case("index_assign_host_index", lambda t: _set(t.x, t.host_ind, t.y), 1, TTS),
     Case("mask_index", lambda t: t.x[t.mask], 1, TTS),
+    Case(
+        "mask_and_index_assign_python_number",
+        lambda t: _set(t.grid, (t.mask, t.cols), 1.0),
+        2,
+        "aten/src/ATen/native/TensorAdvancedIndexing.cpp, _index_put_impl_: "
+        "canDispatchToMaskedFill refuses a second index, so the number is copied to the "
+        "device (blocking) and the mask read back (nonzero); torchvision's RetinaNet loss",
+    ),
     Case("index_get_host_index", lambda t: t.x[t.host_ind], 1, TTS),
     Case("nonzero", lambda t: t.x.nonzero(), 1, TTS),
     Case("if_tensor", _branch, 1, TTS),

@@ -275,6 +275,20 @@ def test_a_library_read_names_the_users_call_and_the_library_line():
     assert event.chain[0] == event.via
 
 
+def test_a_distributions_argument_check_is_fixed_by_its_own_switch():
+    # The rule's own hint, "branch on the device with torch.where", does not apply to a check
+    # inside torch.distributions: its switch is validate_args.
+    loc, scale = torch.zeros(3), torch.ones(3)  # device memory: made before watching
+    with detect_syncs(device_type="cpu") as rec:
+        torch.distributions.Normal(loc, scale)
+    assert len(rec.events) == 2  # one check per argument: loc, scale
+    assert all("validate_args=False" in e.hint for e in rec.events), rec.events[0].hint
+    assert all("set_default_validate_args(False)" in e.hint for e in rec.events)
+    with detect_syncs(device_type="cpu") as rec:
+        torch.distributions.Normal(loc, scale, validate_args=False)
+    assert rec.events == []
+
+
 def test_device_type_decides_what_counts():
     # with "cuda" as the device, CPU tensors are host memory: nothing here syncs
     with detect_syncs(device_type="cuda") as rec:

@@ -52,6 +52,8 @@ class SyncPointDetector(compat.Callback):
         first_steps: batches watched at the start of every fit, whatever they cost. None:
             3, or fewer where the fit's length is known and 3 would not fit the budget.
         strict: raise at the first sync in a watched steady step (not a callback's hooks).
+            A fit in which no watched step was steady (a one-batch test) checked nothing:
+            it ends with one warning line that says so.
         device_type: which tensors count as device memory; None follows the root device.
         log_stats: write ``syncs/*`` at Lightning's logging steps.
     """
@@ -260,6 +262,13 @@ class SyncPointDetector(compat.Callback):
             fit_seconds=time.perf_counter() - self._fit_start,
         )
         self.report = report["summary"]
+        if self.strict and not totals.steady_watched and trainer.is_global_zero:
+            log.warning(
+                "SyncPointDetector(strict=True) checked no step: none of the %d watched "
+                "batches was steady (the fit's first, a logging step and the one after it are "
+                "not); fit more batches, or raise log_every_n_steps, for strict to hold one",
+                int(totals.watched / trainer.world_size),
+            )
         publish(trainer, "syncs", report, lines, folder)
         annotations = github_annotations(list(merged.sites.values()))
         if trainer.is_global_zero and in_github_actions() and annotations:

@@ -32,7 +32,7 @@ from gpu_busy import lightning_compat as compat
 from gpu_busy.callbacks.ranks import gather_objects, gather_rows, log_metrics, publish, run_dir
 from gpu_busy.log import get_logger
 from gpu_busy.report import syncs as syncs_report
-from gpu_busy.syncs.detector import OPTIMIZER_STEP, SyncDetector
+from gpu_busy.syncs.detector import OPTIMIZER_STEP, SyncDetector, held_outside_parameters
 from gpu_busy.syncs.rules import DDP_USED_MAP
 from gpu_busy.syncs.sampling import WatchedSums, WatchSchedule
 from gpu_busy.syncs.sites import SyncSiteTable, github_annotations, in_github_actions
@@ -78,6 +78,7 @@ class SyncPointDetector(compat.Callback):
         self.report: dict = {}
         self._fit_start = 0.0
         self._first_global_step = 0
+        self._made_in_init: list = []  # tensors the module keeps outside its parameters
         self._reset_run()
 
     def _reset_run(self, costs: bool = False) -> None:
@@ -91,6 +92,10 @@ class SyncPointDetector(compat.Callback):
 
     # -- the watched windows: where the loop is, told to WatchedSteps --------------------
 
+    def setup(self, trainer, pl_module, stage) -> None:
+        # Before the module's own setup and the move to the device: what __init__ made.
+        self._made_in_init = held_outside_parameters(pl_module)
+
     def on_train_start(self, trainer, pl_module) -> None:
         device_type = self.device_type or trainer.strategy.root_device.type
         # Lightning's prog_bar conversions are reported at the lines that logged them.
@@ -101,6 +106,10 @@ class SyncPointDetector(compat.Callback):
             device_type, origins=(logged_at.origin,), chain_hints=compat.LIGHTNING_READS
         )
         self._reset_run(costs=not self.detector.simulating)
+        # On a GPU they stay on the host, where __init__ made them: each use on the device is
+        # a blocking copy there, and the simulation counts it so
+        self.detector.mark_host(*self._made_in_init)
+        self._made_in_init = []
         batches = trainer.estimated_stepping_batches * trainer.accumulate_grad_batches
         if self._fit_first_to_budget and not self.schedule.plan_fit(batches):
             log.info(

@@ -24,6 +24,7 @@ Example::
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import contextvars
 import dataclasses
@@ -610,6 +611,34 @@ def _held_tensors(obj: Any, depth: int = 4, seen: set[int] | None = None) -> lis
     else:
         items = list(getattr(obj, "__dict__", {}).values())
     return [t for item in items for t in _held_tensors(item, depth - 1, seen)]
+
+
+def held_outside_parameters(module: torch.nn.Module) -> list[torch.Tensor]:
+    """The tensors a module and its submodules keep as plain attributes, in lists, dicts and
+    deques too (a replay buffer's first entries, torchvision's cell anchors). ``Module.to``
+    moves only parameters and buffers (torch/nn/modules/module.py, ``Module._apply``), so on
+    a GPU these stay on the host where ``__init__`` made them. A module class with its own
+    ``_apply`` (a torchmetrics ``Metric`` moves its states there) is left out: it may move
+    them."""
+    out: list[torch.Tensor] = []
+
+    def walk(value: Any, depth: int) -> None:
+        if isinstance(value, torch.Tensor) and not isinstance(value, torch.nn.Parameter):
+            out.append(value)
+        elif depth and isinstance(value, dict):
+            for v in value.values():
+                walk(v, depth - 1)
+        elif depth and isinstance(value, list | tuple | set | frozenset | collections.deque):
+            for v in value:
+                walk(v, depth - 1)
+
+    for m in module.modules():
+        if type(m)._apply is not torch.nn.Module._apply:
+            continue
+        for name, value in vars(m).items():
+            if name not in ("_parameters", "_buffers", "_modules"):
+                walk(value, depth=3)
+    return out
 
 
 def _flat(out: Any) -> list[torch.Tensor]:

@@ -494,3 +494,31 @@ def test_a_strict_fit_that_watched_no_steady_step_says_it_checked_nothing(tmp_pa
             limit_train_batches=3,
         )
     assert said not in caplog.text
+
+
+class ReplayBuffer(ImageClassifier):
+    """A replay buffer of host tensors made in __init__, as the UvA energy-based model keeps
+    one: Module.to moves parameters and buffers, not a list, so on a GPU each step copies
+    the samples over, blocking."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.examples = [torch.rand(2, 3, 32, 32) for _ in range(4)]
+        self.unused_metric_copy = torch.zeros(1)
+
+    def training_step(self, batch, batch_idx):
+        replay = torch.cat(self.examples).to(self.device)  # the blocking copy
+        loss = super().training_step(batch, batch_idx)
+        return loss + 0.0 * self(replay).sum()
+
+
+def test_tensors_made_in_init_outside_parameters_are_host_memory_in_the_simulation(tmp_path):
+    detector = SyncPointDetector(first_steps=100)
+    _fit(tmp_path, ReplayBuffer(width=4), [detector], limit_train_batches=6)
+    (site,) = [s for s in detector.table.sites.values() if "torch.cat(self.examples)" in s.code]
+    assert site.count == 6 and "copy" in site.op.lower(), site.op
+    # torchmetrics' states are moved by its own _apply: still device memory, no sync
+    from gpu_busy.syncs.detector import held_outside_parameters
+
+    held = held_outside_parameters(ReplayBuffer(width=4))
+    assert len(held) == 5  # the four examples and the plain tensor; no metric state

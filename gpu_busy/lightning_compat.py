@@ -386,6 +386,9 @@ _CORE = os.path.dirname(os.path.abspath(pl.LightningModule.log.__code__.co_filen
 _RESULT_COLLECTION = os.path.join(
     "lightning", "pytorch", "trainer", "connectors", "logger_connector", "result.py"
 )
+# The Trainer and its connectors: what a metric read passes through on its way from the
+# reader (the loop, a progress bar, a callback reading trainer.callback_metrics).
+_TRAINER_DIR = os.path.join(os.path.dirname(_CORE.rstrip(os.sep)), "trainer") + os.sep
 
 
 class LoggedAt:
@@ -437,11 +440,20 @@ class LoggedAt:
         finally:
             pl.LightningModule.log = original
 
-    def origin(self, frame: Any) -> tuple[str, int, str] | None:
+    def origin(self, frame: Any) -> tuple[str, int, str, Any] | None:
+        """The user line that logged the metric being converted in ``frame``, and the frame
+        that asked for it (the reader: the loop, a progress bar, a callback), the first
+        outside the Trainer and its connectors."""
         code = frame.f_code
         if code.co_name != "metrics" or not code.co_filename.endswith(_RESULT_COLLECTION):
             return None
         # Private: the loop variable ``result_metric`` of ResultCollection.metrics and its
         # ``meta.fx``/``meta.name`` (Lightning 2.0 to 2.6): the metric being converted.
         meta = frame.f_locals["result_metric"].meta
-        return self.lines.get((meta.fx, meta.name))
+        line = self.lines.get((meta.fx, meta.name))
+        if line is None:
+            return None
+        reader = frame.f_back
+        while reader is not None and reader.f_code.co_filename.startswith(_TRAINER_DIR):
+            reader = reader.f_back
+        return (*line, reader)

@@ -172,7 +172,8 @@ class SyncDetector:
 
     ``origins``: for a sync a library makes with no user frame inside its training loop,
     functions that may name the user line it stands for: each gets a library frame of the
-    sync's stack and returns ``(filename, lineno, function)`` or None (Lightning's conversion of a
+    sync's stack and returns ``(filename, lineno, function)``, with the frame that asked for
+    the read as a fourth item where it knows one, or None (Lightning's conversion of a
     ``prog_bar=True`` metric stands for the ``self.log`` line: ``lightning_compat.LoggedAt``).
     ``chain_hints``: ``(function, fix)`` pairs; a sync with that function in its library
     chain gets that fix, in the strict error and the report alike (``fix_for``).
@@ -183,7 +184,7 @@ class SyncDetector:
         device_type: str = "cuda",
         strict: bool = False,
         cuda_debug: bool = True,
-        origins: tuple[Callable[[Any], tuple[str, int, str] | None], ...] = (),
+        origins: tuple[Callable[[Any], tuple | None], ...] = (),
         chain_hints: tuple[tuple[str, str], ...] = (),
     ) -> None:
         self.device_type = torch.device(device_type).type
@@ -721,7 +722,12 @@ def _event_here(op: str, phase: str, aten: str | None, origins: tuple = ()) -> S
             except Exception:  # a wrong guess must not cost the event, nor the program
                 found = None
             if found is not None:
-                filename, lineno, function = found
+                filename, lineno, function, *reader = found
+                # the via names who asked for the read (an origin may say: the loop, a
+                # progress bar), else the library frame that found the line
+                if reader and reader[0] is not None:
+                    asked, code = reader[0], reader[0].f_code
+                    where = f"{_short_path(code.co_filename)}:{asked.f_lineno} in {code.co_name}"
                 return _event_at_line(op, filename, lineno, phase, aten, tuple(chain[:12]),
                                       where, function)  # fmt: skip
     if via_frame is not None:

@@ -52,8 +52,10 @@ class SyncSite:
     idle_timed: int = 0
 
     @property
-    def key(self) -> tuple[str, int, str, str]:
-        return (self.filename, self.lineno, self.op, self.phase)
+    def key(self) -> tuple[str, int, str, str, str | None]:
+        # by who asked too: one prog_bar line read by the loop and by a progress bar is two
+        # sites, each with its reader named
+        return (self.filename, self.lineno, self.op, self.phase, self.via)
 
     @property
     def location(self) -> str:
@@ -76,13 +78,13 @@ class SyncSiteTable:
     """
 
     def __init__(self, chain_hints: tuple[tuple[str, str], ...] = (), costs: bool = True) -> None:
-        self.sites: dict[tuple[str, int, str, str], SyncSite] = {}
+        self.sites: dict[tuple, SyncSite] = {}  # by SyncSite.key
         self.chain_hints = chain_hints
         self.costs = costs
 
     def add_all(self, events: list[SyncEvent], step: int, logging: bool) -> None:
         for e in events:
-            key = (e.filename, e.lineno, e.op, e.phase)
+            key = (e.filename, e.lineno, e.op, e.phase, e.via)  # as SyncSite.key
             site = self.sites.get(key)
             if site is None:
                 hint = fix_hint(e, self.chain_hints)

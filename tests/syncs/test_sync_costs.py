@@ -78,7 +78,7 @@ def test_sites_rank_by_the_idle_they_cost_not_by_how_often_they_sync():
     # Without costs (the CPU simulation) nothing is kept, and the order is by count.
     plain = SyncSiteTable(costs=False)
     plain.add_all([event(20, 8.0)], step=0, logging=False)
-    assert plain.sites[("train.py", 20, "Tensor.item()", "forward")].idle_timed == 0
+    assert plain.sites[("train.py", 20, "Tensor.item()", "forward", None)].idle_timed == 0
 
 
 # -- the detector's wiring, on the host clock -------------------------------------------------

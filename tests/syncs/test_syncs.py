@@ -307,6 +307,18 @@ def test_a_distributions_argument_check_is_fixed_by_its_own_switch():
     assert rec.events == []
 
 
+def test_a_torch_device_object_is_the_device_to_the_simulation_as_readme_says():
+    # A stated limit (README, "What the CPU simulation cannot see"): on a CPU,
+    # torch.device("cpu") is the object a torch.cuda.is_available() branch makes, so it
+    # stands for the device; the string "cpu" and .cpu() are the host.
+    readme = (ROOT / "README.md").read_text()
+    assert 'x.to(torch.device("cpu"))' in readme
+    with detect_syncs(device_type="cpu") as rec:
+        x.to(torch.device("cpu"))  # device to device: no copy
+        x.to("cpu")  # device to host: a blocking copy
+    assert [e.code for e in rec.events] == ['x.to("cpu")  # device to host: a blocking copy']
+
+
 def test_device_type_decides_what_counts():
     # with "cuda" as the device, CPU tensors are host memory: nothing here syncs
     with detect_syncs(device_type="cuda") as rec:

@@ -454,7 +454,9 @@ _aten(
 _aten(
     ("_unique", "_unique2", "unique_dim", "unique_consecutive", "unique_dim_consecutive"),
     "unique",
-    "pass a known size, or compute it in the DataLoader (host side)",
+    # torch.unique takes no size: its output's length is read back whatever the arguments
+    "compute it in the DataLoader (host side), or, for values known to lie in [0, n), mark "
+    "them on the device: torch.zeros(n, dtype=torch.bool, device=x.device).scatter_(0, x, True)",
 )
 _aten(
     ("repeat_interleave",),

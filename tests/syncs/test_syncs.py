@@ -319,6 +319,14 @@ def test_a_torch_device_object_is_the_device_to_the_simulation_as_readme_says():
     assert [e.code for e in rec.events] == ['x.to("cpu")  # device to host: a blocking copy']
 
 
+def test_the_unique_fix_asks_for_nothing_unique_cannot_take():
+    # Its hint once said "pass a known size": torch.unique has no such argument.
+    with detect_syncs(device_type="cpu") as rec:
+        _unique()
+    (event,) = rec.events
+    assert "known size" not in event.hint and ".scatter_(0, x, True)" in event.hint
+
+
 def test_device_type_decides_what_counts():
     # with "cuda" as the device, CPU tensors are host memory: nothing here syncs
     with detect_syncs(device_type="cuda") as rec:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Cause:
-    name: str  # idle_<name>_ms
+    name: str  # the figure's key is ``key``: idle_<name>_ms
     label: str  # in the report, compare and the picture
     verdict: str  # what the verdict calls it ("bound by <bound_by>")
     threshold: float  # the share of a step at or above which it bounds the run
@@ -35,6 +35,11 @@ class Cause:
     bound_by: str  # the verdict's words, with {ms}: the idle per batch
     advice: str  # the verdict's "First try"
     rule: str  # which part of a gap it gets
+
+    @property
+    def key(self) -> str:
+        """The key of its figure in ``IdleStats``, ``idle.json`` and the logged metrics."""
+        return f"idle_{self.name}_ms"
 
 
 TABLE: tuple[Cause, ...] = (

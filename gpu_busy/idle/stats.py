@@ -78,7 +78,7 @@ class IdleStats(WindowSums):
             "loader_wait_ms": self.loader_wait_ms / n if n else None,
         }
         for cause in cause_table.TABLE:
-            name = f"idle_{cause.name}_ms"
+            name = cause.key
             # what only a GPU queue tells is None on a host clock, not a guess
             known = m and (cuda or cause.on_host_clock)
             out[name] = getattr(self, name) / m if known else None
@@ -86,7 +86,7 @@ class IdleStats(WindowSums):
         return out
 
 
-_FIELDS = tuple((cause, f"idle_{cause}_ms") for cause in cause_table.names())
+_FIELDS = tuple((cause.name, cause.key) for cause in cause_table.TABLE)
 
 
 class StepSeries:
@@ -97,7 +97,7 @@ class StepSeries:
         "loader_wait_ms",
         "transfer_ms",
         "device_ms",
-        *(f"idle_{c}_ms" for c in cause_table.names()),
+        *(c.key for c in cause_table.TABLE),
     )
 
     def __init__(self, capacity: int = 2048) -> None:

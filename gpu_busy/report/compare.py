@@ -41,7 +41,7 @@ def rows() -> list[tuple[str, str, tuple[str, ...], str]]:
         ("steps/s over the fit", "run", ("fit_steps_per_s",), ""),
         ("step on the device, all told", "idle", ("mean", "step_ms"), " ms"),
         ("idle share", "idle", ("mean", "idle_pct"), "%"),
-        *((f"  idle: {c.label}", "idle", ("mean", f"idle_{c.name}_ms"), " ms")
+        *((f"  idle: {c.label}", "idle", ("mean", c.key), " ms")
           for c in cause_table.TABLE),
         ("batch transfer on the compute stream", "idle", ("mean", "transfer_ms"), " ms"),
         ("the step itself", "idle", ("mean", "device_ms"), " ms"),

@@ -134,7 +134,7 @@ def render_table(report: dict[str, Any]) -> list[str]:
     row("step on the device, all told", "step_ms", share=False)
     row("idle between steps", "idle_ms")
     for cause in cause_table.TABLE:
-        row(f"  {cause.label}", f"idle_{cause.name}_ms", cause.threshold)
+        row(f"  {cause.label}", cause.key, cause.threshold)
     limit = cause_table.thresholds()
     row("batch transfer on the compute stream", "transfer_ms")
     row(f"  {TRANSFER_HOST}", "transfer_host_ms", limit["transfer"])

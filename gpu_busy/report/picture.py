@@ -47,7 +47,7 @@ def batch_breakdown(
     shown = [cause_table.by_name(c) for c in (causes or cause_table.names())]
     panels = [
         ("device time (ms)", device),
-        ("idle before it (ms)", [(c.label, f"idle_{c.name}_ms", c.colour) for c in shown]),
+        ("idle before it (ms)", [(c.label, c.key, c.colour) for c in shown]),
         ("host DataLoader\nwait (ms)", [("wait", "loader_wait_ms", "#55a868")]),
     ]  # fmt: skip
     fig, axes = plt.subplots(
@@ -94,7 +94,7 @@ def side_by_side(a: RunFiles, b: RunFiles, path: str | Path) -> Path | None:
         return None
     runs = ((1, "A", a), (0, "B", b))
     lost = [("transfer", "transfer_ms", "#8172b3")]  # the colours of the idle picture
-    lost += [(f"idle: {c.label}", f"idle_{c.name}_ms", c.colour) for c in cause_table.TABLE]
+    lost += [(f"idle: {c.label}", c.key, c.colour) for c in cause_table.TABLE]
     lost = [p for p in lost if any(r.figure("idle", ("mean", p[1])) for _, _, r in runs)]
     fig, (whole, parts) = plt.subplots(1, 2, figsize=(11, 3), gridspec_kw={"width_ratios": [3, 2]})
     longest = 0.0

@@ -46,7 +46,7 @@ def decide(idle: dict[str, Any] | None, syncs: dict[str, Any] | None = None) -> 
     limit = cause_table.thresholds()
     # Each candidate is one row of the idle table, with that row's figure.
     candidates = [
-        (cause.verdict, mean.get(f"idle_{cause.name}_ms"), _idle_text(cause, syncs))
+        (cause.verdict, mean.get(cause.key), _idle_text(cause, syncs))
         for cause in cause_table.TABLE
     ]
     candidates += [

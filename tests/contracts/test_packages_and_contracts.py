@@ -349,3 +349,21 @@ MECHANISMS = (
     "idle", "syncs", "throughput", "faults", "resume", "prefetch", "batch_routing",
     "window_sums", "event_pool", "cuda_sync_warnings",
 )  # fmt: skip
+
+
+def test_readmes_map_names_every_module_and_folder_of_the_package():
+    # "Yours and ours" is how a newcomer finds a room: a module it leaves out is a room no
+    # one is told about.
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("## Yours and ours", 1)[1].split("```")[1]
+    ours = block.split("gpu_busy/", 1)[1].split("\n", 1)[1].split("pytest_gpu_busy/", 1)[0]
+    named = set(re.findall(r"\b([a-z_]+(?:\.py|/))", ours))
+    package = ROOT / "gpu_busy"
+    present = {
+        p.name + ("/" if p.is_dir() else "")
+        for p in package.iterdir()
+        if (p.suffix == ".py" and p.name != "__init__.py")
+        or (p.is_dir() and (p / "__init__.py").exists())
+    }
+    assert present - named == set(), f"README's map leaves out {sorted(present - named)}"
+    assert named - present == set(), f"README's map names what is gone: {sorted(named - present)}"

@@ -526,6 +526,7 @@ def test_the_tables_columns_never_touch_with_four_digit_times_and_two_ranks():
 # -- the callback, in a real fit on the CPU ------------------------------------------------
 
 
+@pytest.mark.slow  # about 5 s on 2 cores: a fit of many batches
 def test_idle_monitor_logs_reports_and_captures_a_profiler_window(tmp_path, monkeypatch):
     main = cli_main()
 

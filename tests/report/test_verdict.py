@@ -132,6 +132,7 @@ class SlowHooks(pl.Callback):
         time.sleep(0.03)
 
 
+@pytest.mark.slow  # about 5 s on 2 cores: a fit of many batches
 def test_host_work_between_steps_is_called_the_hosts(tmp_path, caplog):
     run, lines = fit_and_read(tmp_path, BlobClassifier(num_classes=5), BlobData(batch_size=8),
                               caplog, extra=[SlowHooks()])  # fmt: skip
@@ -147,6 +148,7 @@ class SlowTransferHook(BlobClassifier):
         return batch
 
 
+@pytest.mark.slow  # about 5 s on 2 cores: a fit of many batches
 def test_the_verdict_quotes_a_row_of_the_table_and_advises_for_that_row(tmp_path, caplog):
     """A transfer hook's host work: named as the table names it, with its own advice, and
     the figure the verdict quotes is the one on that row."""

@@ -105,6 +105,7 @@ def test_a_short_fit_watches_one_batch_and_says_so_up_front(tmp_path, caplog):
     assert detector.report["watched_batches"] >= 1
 
 
+@pytest.mark.slow  # about 5 s on 2 cores: a fit of many batches
 def test_the_default_config_step_is_sync_free_in_steady_state(tmp_path, monkeypatch):
     """Every sync the CPU simulation sees outside logging steps is a simulation artefact."""
     from gpu_busy.callbacks import sync_point_detector

@@ -42,15 +42,21 @@ class Wide(BoringModel):
 
 
 class StateAtSave(Callback):
-    """The checkpoint's model and optimizer state as they were when each save was made."""
+    """The checkpoint's model and optimizer state as they were when each save was made, and
+    the state of a module its hyperparameters keep (``KeepsAModule``'s ``inner``)."""
 
     def __init__(self) -> None:
         self.at: dict[int, dict] = {}
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint) -> None:
-        self.at[checkpoint["global_step"]] = copy.deepcopy(
-            {"state_dict": checkpoint["state_dict"], "optimizer": checkpoint["optimizer_states"]}
-        )
+        state = {
+            "state_dict": checkpoint["state_dict"],
+            "optimizer": checkpoint["optimizer_states"],
+        }
+        inner = checkpoint.get("hyper_parameters", {}).get("inner")
+        if inner is not None:
+            state["inner"] = inner.state_dict()
+        self.at[checkpoint["global_step"]] = copy.deepcopy(state)
 
 
 def _slow_writes(monkeypatch, seconds: float) -> None:
@@ -91,9 +97,14 @@ def _files_hold_the_state_at_their_save(tmp_path, record, weights_only=True) -> 
     for step, state in sorted(record.at.items()):
         path = tmp_path / f"s{step}.ckpt"
         saved = torch.load(path, map_location="cpu", weights_only=weights_only)
+        inner = saved.get("hyper_parameters", {}).get("inner")
         out.append(
             _same(saved["state_dict"], state["state_dict"])
             and _same(saved["optimizer_states"], state["optimizer"])
+            and (
+                "inner" not in state  # a module kept whole: a copy in the file, exact
+                or (isinstance(inner, nn.Module) and _same(inner.state_dict(), state["inner"]))
+            )
         )
     return out
 
@@ -186,28 +197,34 @@ class KeepsAModule(BoringModel):
         return torch.optim.Adam(self.parameters(), lr=0.1)
 
 
-class HyperparametersAtSave(Callback):
-    def __init__(self) -> None:
-        self.at: dict[int, dict] = {}
-
-    def on_save_checkpoint(self, trainer, pl_module, checkpoint) -> None:
-        module = checkpoint["hyper_parameters"]["inner"]
-        self.at[checkpoint["global_step"]] = copy.deepcopy(module.state_dict())
-
-
-def _storages(obj) -> dict[int, int]:
-    """Every storage ``torch.save`` would write for ``obj``: its data pointer and bytes."""
-    found: dict[int, int] = {}
+def _storages(obj) -> dict[int, tuple[int, str]]:
+    """Every storage ``torch.save`` would write for ``obj``: its data pointer, and its bytes
+    and device type."""
+    found: dict[int, tuple[int, str]] = {}
 
     class Spy(pickle.Pickler):
         def persistent_id(self, x):
             if isinstance(x, torch.storage.TypedStorage | torch.UntypedStorage):
-                found[x.data_ptr()] = x.nbytes()
+                found[x.data_ptr()] = (x.nbytes(), x.device.type)
                 return len(found)
             return None
 
     Spy(io.BytesIO(), protocol=2).dump(obj)
     return found
+
+
+def _writer_saves(monkeypatch) -> list[dict[int, tuple[int, str]]]:
+    """Filled with ``_storages`` of each state the writer thread serialises."""
+    written: list[dict[int, tuple[int, str]]] = []
+    real_save = torch.save
+
+    def spying_save(obj, f, *args, **kwargs):
+        if threading.current_thread().name.startswith("checkpoint-writer"):
+            written.append(_storages(obj))
+        return real_save(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", spying_save)
+    return written
 
 
 def test_a_module_in_the_hyperparameters_is_saved_as_it_was_at_the_save_from_host_copies(
@@ -221,34 +238,21 @@ def test_a_module_in_the_hyperparameters_is_saved_as_it_was_at_the_save_from_hos
     plugin.snapshot = StateSnapshot(
         cuda=cuda, on_device=lambda s: routed.append(s.data_ptr()) or True
     )
-    written: list[dict[int, int]] = []
-    real_save = torch.save
-
-    def spying_save(obj, f, *args, **kwargs):
-        if threading.current_thread().name.startswith("checkpoint-writer"):
-            written.append(_storages(obj))
-        return real_save(obj, f, *args, **kwargs)
-
-    monkeypatch.setattr(torch, "save", spying_save)
+    written = _writer_saves(monkeypatch)
     inner = nn.Sequential(nn.Linear(32, 32), nn.Tanh())
     model = KeepsAModule(inner)
-    record, at_save = StateAtSave(), HyperparametersAtSave()
+    record = StateAtSave()
     saves = ModelCheckpoint(
         tmp_path, "s{step}", every_n_train_steps=2, save_top_k=-1, auto_insert_metric_name=False
     )
     trainer = quiet_trainer(
-        max_steps=10, plugins=[plugin], callbacks=[saves, record, at_save],
-        enable_checkpointing=True,
-    )  # fmt: skip
+        max_steps=10, plugins=[plugin], callbacks=[saves, record], enable_checkpointing=True
+    )
     trainer.fit(model)
-    assert sorted(at_save.at) == [2, 4, 6, 8, 10] and plugin.in_background is True
-    for step, expected in at_save.at.items():
-        saved = torch.load(tmp_path / f"s{step}.ckpt", weights_only=False)
-        kept = saved["hyper_parameters"]["inner"]
-        assert isinstance(kept, nn.Sequential) and kept is not inner
-        assert _same(kept.state_dict(), expected), step  # bitwise: torch.equal on each
+    assert sorted(record.at) == [2, 4, 6, 8, 10] and plugin.in_background is True
+    # each file's model, optimizer and kept module as at its save: torch.equal on each tensor
     assert _files_hold_the_state_at_their_save(tmp_path, record, weights_only=False) == [True] * 5
-    assert not _same(at_save.at[2], at_save.at[10])  # the module trained on between saves
+    assert not _same(record.at[2]["inner"], record.at[10]["inner"])  # it trained on between
     # Every live storage the checkpoint reaches, the module's inside the hyperparameters
     # too, took the side-stream copy; the writer thread pickled none of them.
     live = _storages([model.state_dict(), trainer.optimizers[0].state_dict(), dict(model.hparams)])
@@ -257,14 +261,15 @@ def test_a_module_in_the_hyperparameters_is_saved_as_it_was_at_the_save_from_hos
     # The writer reads the snapshot's host buffers and nothing else: no live storage, and
     # no copy made outside the snapshot (a module deep-copied: on a GPU, a device copy).
     assert len(written) == 5 and not any(w.keys() & live.keys() for w in written)
-    assert all(sum(w.values()) == plugin.snapshot.bytes for w in written)
+    assert all(sum(n for n, _ in w.values()) == plugin.snapshot.bytes for w in written)
 
 
 def test_a_state_that_cannot_be_copied_is_written_in_place_said_once(tmp_path, caplog):
     plugin = BackgroundCheckpointIO(background=True)
     state = {"w": torch.ones(2), "make": lambda: 0}  # pickling refuses a lambda
-    with pytest.raises(Exception, match="lambda"):
-        plugin.save_checkpoint(state, tmp_path / "a.ckpt")  # as torch.save in place says
+    for name in ("a.ckpt", "b.ckpt"):
+        with pytest.raises(Exception, match="lambda"):
+            plugin.save_checkpoint(state, tmp_path / name)  # as torch.save in place says
     assert caplog.text.count("is written in place: its state could not be copied") == 1
 
 
@@ -464,42 +469,22 @@ def test_on_a_gpu_the_background_write_is_exact_and_the_loop_never_waits(tmp_pat
 
     _slow_writes(monkeypatch, 0.05)
     plugin = BackgroundCheckpointIO()  # the default: a state on the GPU goes to the thread
-    devices: list[set[str]] = []  # per write: the devices of the storages the writer pickled
-    real_save = torch.save
-
-    def spying_save(obj, f, *args, **kwargs):
-        if threading.current_thread().name.startswith("checkpoint-writer"):
-            found: set[str] = set()
-
-            class Spy(pickle.Pickler):
-                def persistent_id(self, x):
-                    if isinstance(x, torch.storage.TypedStorage | torch.UntypedStorage):
-                        found.add(x.device.type)
-                        return len(found)
-                    return None
-
-            Spy(io.BytesIO(), protocol=2).dump(obj)
-            devices.append(found)
-        return real_save(obj, f, *args, **kwargs)
-
-    monkeypatch.setattr(torch, "save", spying_save)
-    record, at_save = StateAtSave(), HyperparametersAtSave()
+    written = _writer_saves(monkeypatch)
+    record = StateAtSave()
     saves = ModelCheckpoint(
         tmp_path, "s{step}", every_n_train_steps=2, save_top_k=-1, auto_insert_metric_name=False
     )
     detector = SyncPointDetector(first_steps=1000)
     trainer = quiet_trainer(
         accelerator="gpu", max_steps=10, plugins=[plugin],
-        callbacks=[saves, record, at_save, detector], enable_checkpointing=True,
+        callbacks=[saves, record, detector], enable_checkpointing=True,
     )  # fmt: skip
     # a module in the hyperparameters, as Lightning's CIFAR-10 baseline keeps one
     trainer.fit(KeepsAModule(nn.Sequential(nn.Linear(32, 32), nn.Tanh())))
     assert plugin.in_background is True and plugin.snapshot.pinned
     assert _files_hold_the_state_at_their_save(tmp_path, record, weights_only=False) == [True] * 5
-    for step, expected in at_save.at.items():
-        kept = torch.load(tmp_path / f"s{step}.ckpt", weights_only=False, map_location="cpu")
-        assert _same(kept["hyper_parameters"]["inner"].state_dict(), expected), step
     # the writer serialised host memory only: no device-to-host copy in its thread
+    devices = [{d for _, d in w.values()} for w in written]
     assert len(devices) == 5 and all(d == {"cpu"} for d in devices), devices
     # the snapshot's copies are enqueued, not waited for: no sync at the saves' sites
     ours = ("checkpoint_io.py", "snapshot.py")

@@ -102,9 +102,9 @@ def fit(layers: int, steps: int, every: int, plugin, folder: Path, device: str) 
     return BATCH * steps / (time.perf_counter() - started)
 
 
-def run(state_mib: float, every: int, saves: int, repeats: int, folder: Path, device: str):
+def run(layers: int, every: int, saves: int, repeats: int, folder: Path, device: str):
     """One spacing: the three arms interleaved ``repeats`` times."""
-    layers, steps = layers_for(state_mib), saves * every
+    steps = saves * every
     held: dict[str, list[float]] = {"in place": [], "background": []}
     waited: list[float] = []
     writes: list[float] = []
@@ -182,8 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     results: dict = {"layers": layers, "state_mib": mib, "snapshot_copy_ms": copy_ms}
     with tempfile.TemporaryDirectory(dir=args.dir, prefix="bench-checkpoints-") as folder:
         results["spacings"] = [
-            run(args.state_mib, every, args.saves, args.repeats, Path(folder), device)
-            for every in spacings
+            run(layers, every, args.saves, args.repeats, Path(folder), device) for every in spacings
         ]
     results["machine"] = machine("bench.checkpoints", device, argv)
     save(results, args.out, "checkpoints.json")

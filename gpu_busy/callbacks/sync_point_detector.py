@@ -94,7 +94,8 @@ class SyncPointDetector(compat.Callback):
 
     def setup(self, trainer, pl_module, stage) -> None:
         # Before the module's own setup and the move to the device: what __init__ made.
-        self._made_in_init = held_outside_parameters(pl_module)
+        if stage == "fit":  # on_train_start takes them (only a fit watches)
+            self._made_in_init = held_outside_parameters(pl_module)
 
     def on_train_start(self, trainer, pl_module) -> None:
         device_type = self.device_type or trainer.strategy.root_device.type

@@ -207,9 +207,10 @@ def _setitem_syncs(d: Any, args: tuple, kwargs: dict) -> int:
         return 0
     # aten/src/ATen/native/TensorAdvancedIndexing.cpp, _index_put_impl_: a mask that is the
     # only tensor index, with one value in host memory (a Python number, a host tensor),
-    # becomes masked_fill_ (canDispatchToMaskedFill): no read. Otherwise the mask's
-    # positions are read back (nonzero, in expandTensors), and a host value of one element
-    # is first copied to the device, blocking (value.to(self.device())): x[mask, idx] = 1.0.
+    # becomes masked_fill_ (canDispatchToMaskedFill, TensorAdvancedIndexingUtils.h: it
+    # refuses any other tensor index or a second mask): no read. Otherwise the mask's
+    # positions are read back (nonzero, in expandTensors), and a 0-dim host value is first
+    # copied to the device, blocking (value.to(self.device())): x[mask, idx] = 1.0.
     host_value = not isinstance(value, torch.Tensor) or not d.on_device(value)
     one_value = not isinstance(value, torch.Tensor) or value.numel() == 1
     if len(tensors) == 1 and host_value and one_value:

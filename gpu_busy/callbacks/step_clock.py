@@ -56,9 +56,9 @@ class StepClock:
         compat.skip_hooks(self._edges[1], _BACKWARD, skip=trainer.world_size == 1)
         # A new list, not an insert: Lightning is iterating the old one to call a hook.
         trainer.callbacks = [self._edges[0], *trainer.callbacks, self._edges[1]]
-        # The fit's other callbacks too (Lightning's ModelCheckpoint, a user's): Lightning
-        # skips the per-batch hooks each leaves empty, for this fit (lightning_compat.Callback)
-        self._skipped = [(c, compat.skip_empty_hooks(c)) for c in trainer.callbacks]
+        # Every callback of the fit (Lightning's ModelCheckpoint, a user's): Lightning skips
+        # the per-batch hooks each leaves empty, and its no-op profiling of each hook
+        self._undo_dispatch = compat.lighter_dispatch(trainer)
         self.route(trainer)
 
     @classmethod
@@ -109,9 +109,8 @@ class StepClock:
         if self._edges:
             trainer.callbacks = [c for c in trainer.callbacks if c not in self._edges]
         self._edges = ()
-        for callback, names in self._skipped:
-            compat.skip_hooks(callback, names, skip=False)
-        self._skipped = []
+        self._undo_dispatch()
+        self._undo_dispatch = lambda: None
         _CLOCKS.pop(trainer, None)
 
     # -- each step, from the edges --------------------------------------------------------

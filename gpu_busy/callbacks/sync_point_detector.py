@@ -177,6 +177,9 @@ class SyncPointDetector(compat.Callback):
 
     def _phases_seen(self, watching: bool) -> None:
         """The phase hooks only in a watched step: Lightning calls none in the others."""
+        skipped = self.__dict__.get(_PHASE_HOOKS[0], "") is None
+        if skipped != watching:
+            return  # as wanted already (most steps: skipped, not watched)
         compat.skip_hooks(self, _PHASE_HOOKS, skip=not watching)
 
     def on_validation_start(self, trainer, pl_module) -> None:

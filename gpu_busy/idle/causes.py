@@ -79,8 +79,24 @@ TABLE: tuple[Cause, ...] = (
 OTHER_THRESHOLDS = {"transfer": 0.05, "copies": 0.05, "slow_rank": 0.10}
 
 
+_names: tuple = ((), (), ())  # (TABLE, its names, those a host clock cannot tell)
+
+
+def _names_of_table() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Read at every step: built again only when TABLE is another tuple (a test adds a
+    row), not on each call."""
+    global _names
+    if _names[0] is not TABLE:
+        _names = (
+            TABLE,
+            tuple(c.name for c in TABLE),
+            tuple(c.name for c in TABLE if not c.on_host_clock),
+        )
+    return _names[1], _names[2]
+
+
 def names() -> tuple[str, ...]:
-    return tuple(c.name for c in TABLE)
+    return _names_of_table()[0]
 
 
 def thresholds() -> dict[str, float]:
@@ -102,17 +118,17 @@ def split_gap(
     GPU ran dry; the first row whose condition held takes all of it, else the last row.
     ``holds=None``: a host clock, which cannot tell the GPU-only causes: those are None.
     """
-    out: dict[str, float | None] = dict.fromkeys(names(), 0.0)
+    every, not_on_host_clock = _names_of_table()
+    out: dict[str, float | None] = dict.fromkeys(every, 0.0)
     rest = length
     for name, amount in overlaps.items():
         taken = max(0.0, min(rest, amount))
         out[name] = taken
         rest -= taken
     if holds is None:
-        for c in TABLE:
-            if not c.on_host_clock:
-                out[c.name] = None
+        for name in not_on_host_clock:
+            out[name] = None
         holds = {}
-    taker = next((c.name for c in TABLE if holds.get(c.name)), TABLE[-1].name)
+    taker = next((name for name in every if holds.get(name)), every[-1])
     out[taker] = (out[taker] or 0.0) + rest
     return out

@@ -11,7 +11,7 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from itertools import pairwise
 
 Interval = tuple[float, float]
@@ -32,9 +32,12 @@ def union_length(intervals: Iterable[Interval]) -> float:
     return sum(e - s for s, e in merge(intervals))
 
 
-def overlap_length(window: Interval, intervals: Iterable[Interval]) -> float:
+def overlap_length(window: Interval, intervals: Sequence[Interval]) -> float:
     """How much of ``window`` the union of ``intervals`` covers."""
     lo, hi = window
+    if len(intervals) == 1:  # the usual case, one DataLoader read in a gap: no merge
+        s, e = intervals[0]
+        return max(0.0, min(hi, e) - max(lo, s))
     return union_length((max(lo, s), min(hi, e)) for s, e in intervals)
 
 

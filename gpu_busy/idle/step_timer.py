@@ -234,7 +234,8 @@ class StepTimer:
         done = []
         while self._pending:
             step = self._pending[0]
-            marks = (step.prev_end, step.hooks_done, step.ready, step.start, step.end)
+            # the end first: the last mark recorded, so the one most often still pending
+            marks = (step.end, step.prev_end, step.hooks_done, step.ready, step.start)
             if block:
                 for e in marks:
                     if e is not None:

@@ -40,6 +40,46 @@ def test_is_logging_step_matches_lightnings_logging_steps(tmp_path):
     assert seen == [False, False, True] * 3
 
 
+def test_is_logging_step_answers_as_lightning_at_every_hook_once_computed_per_step(tmp_path):
+    """The answer is kept for the step: it must still follow a stop asked mid-step (which
+    makes Lightning log that step) and validation's own steps."""
+    from lightning.pytorch.demos.boring_classes import BoringModel
+
+    asked = []
+
+    def ask(trainer, where):
+        lightnings = bool(trainer._logger_connector.should_update_logs)
+        for _ in range(2):  # the second answer comes from the step's cache
+            asked.append((where, is_logging_step(trainer), lightnings))
+
+    class StopAtFive(pl.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            ask(trainer, "before the stop")
+            if trainer.global_step == 5:
+                trainer.should_stop = True
+
+    class Probe(pl.Callback):
+        def on_train_batch_start(self, trainer, *args):
+            ask(trainer, "start")
+
+        def on_train_batch_end(self, trainer, *args):
+            ask(trainer, "end")
+
+        def on_validation_batch_end(self, trainer, *args):
+            ask(trainer, "validation")
+
+    trainer = quiet_trainer(
+        max_steps=9, log_every_n_steps=4, val_check_interval=2, limit_val_batches=2,
+        callbacks=[StopAtFive(), Probe()], default_root_dir=tmp_path,
+    )  # fmt: skip
+    trainer.fit(BoringModel())
+    assert all(ours == lightnings for _, ours, lightnings in asked), asked
+    # the stop at step 5 made that step a logging step for the hooks after it
+    ends = [ours for where, ours, _ in asked if where == "end"][::2]
+    assert ends == [False, False, False, True, True]
+    assert any(where == "validation" for where, _, _ in asked)
+
+
 def test_fetcher_and_loader_internals_exist_in_every_loop(tmp_path):
     """loop._data_fetcher (.length/.fetched/.prefetch_batches) and loop._combined_loader."""
     from lightning.pytorch.demos.boring_classes import BoringModel
@@ -503,3 +543,44 @@ def test_a_model_checkpoint_without_step_saves_does_nothing_at_a_batch_end(tmp_p
         ModelCheckpoint(dirpath=tmp_path, train_time_interval=timedelta(seconds=1)),
     ):
         assert "on_train_batch_end" not in compat.skip_empty_hooks(saves_by_step)
+
+
+def test_without_a_chosen_profiler_the_hooks_run_unprofiled_and_a_chosen_one_still_records(
+    tmp_path,
+):
+    """``lighter_dispatch`` replaces the default profiler's per-hook context, a generator
+    around ``start`` and ``stop`` that do nothing, for the fit; a profiler a user chose keeps
+    recording every hook."""
+    import inspect
+
+    from lightning.pytorch.demos.boring_classes import BoringModel
+    from lightning.pytorch.profilers import PassThroughProfiler, Profiler, SimpleProfiler
+
+    from gpu_busy.callbacks import IdleTimeMonitor
+
+    # What makes the replacement equivalent: the base's context calls start and stop,
+    # which the default profiler leaves empty.
+    assert PassThroughProfiler.profile is Profiler.profile
+    assert "self.start(action_name)" in inspect.getsource(Profiler.profile)
+    for name in ("start", "stop"):
+        body = inspect.getsource(getattr(PassThroughProfiler, name)).strip().splitlines()[-1]
+        assert body.strip() == "pass", name
+
+    seen = {}
+
+    class Look(pl.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            seen["context"] = type(trainer.profiler.profile("x")).__name__
+
+    trainer = quiet_trainer(max_steps=2, callbacks=[Look(), IdleTimeMonitor(warmup_steps=0)])
+    trainer.fit(BoringModel())
+    assert seen["context"] == "nullcontext"
+    assert "profile" not in vars(trainer.profiler)  # given back after the fit
+
+    simple = SimpleProfiler(dirpath=tmp_path, filename="p")
+    trainer = quiet_trainer(
+        max_steps=2, profiler=simple, callbacks=[Look(), IdleTimeMonitor(warmup_steps=0)]
+    )
+    trainer.fit(BoringModel())
+    assert seen["context"] != "nullcontext"
+    assert any("Look.on_train_batch_end" in action for action in simple.recorded_durations)

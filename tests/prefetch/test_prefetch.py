@@ -125,14 +125,24 @@ def test_one_walk_finds_every_tensor_and_rebuilds_the_batch_around_new_ones(walk
 
 
 @pytest.mark.parametrize("kind", [tuple, list])
-def test_a_flat_batch_of_tensors_is_rebuilt_as_the_same_kind(kind):
-    from gpu_busy.prefetch import _Leaves
+def test_plain_containers_are_walked_by_hand_and_rebuilt_as_the_same_kinds(kind, monkeypatch):
+    """Lightning hands the prefetcher ``(batch, batch_idx, dataloader_idx)``: lists, tuples
+    and dicts of tensors and numbers skip pytree, and come back as they went in."""
+    import gpu_busy.prefetch as prefetch
 
-    batch = kind([torch.ones(2), torch.tensor([1, 2])])
-    leaves = _Leaves(batch)
-    assert [id(t) for t in leaves.tensors] == [id(t) for t in batch] and leaves.mover is None
+    def no_pytree(*args):
+        raise AssertionError("pytree walked a plain batch")
+
+    monkeypatch.setattr(prefetch, "tree_flatten", no_pytree)
+    inner = kind([torch.ones(2), {"y": torch.tensor([1, 2]), "n": [3, None, "s", True]}])
+    batch = (inner, 7, 0)
+    leaves = prefetch._Leaves(batch)
+    assert [id(t) for t in leaves.tensors] == [id(inner[0]), id(inner[1]["y"])]
+    assert leaves.mover is None
     doubled = leaves.rebuild([t * 2 for t in leaves.tensors])
-    assert type(doubled) is kind and [t.tolist() for t in doubled] == [[2, 2], [2, 4]]
+    assert type(doubled) is tuple and doubled[1:] == (7, 0) and type(doubled[0]) is kind
+    assert doubled[0][0].tolist() == [2, 2] and doubled[0][1]["y"].tolist() == [2, 4]
+    assert doubled[0][1]["n"] == [3, None, "s", True]
 
 
 def test_a_leaf_that_moves_itself_is_found_in_the_walk():

@@ -69,8 +69,8 @@ def test_best_on_a_fresh_run_is_one_line(in_tmp, capsys):
     assert "--ckpt_path best: no best checkpoint" in one_error_line(capsys)
 
 
-def test_best_resumes_the_best_scoring_checkpoint_of_earlier_runs(in_tmp, capsys):
-    assert fit() == 0
+def test_best_resumes_the_best_scoring_checkpoint_of_earlier_runs(in_tmp, capsys, two_runs_made):
+    _first_run(in_tmp, two_runs_made)
     best = next(ckpt_dir(in_tmp).glob("best-*.ckpt"))
     assert main(["validate", *TINY, "--ckpt_path=best"]) == 0
     assert f"evaluating checkpoint {best}" in capsys.readouterr().err
@@ -82,7 +82,8 @@ def test_best_resumes_the_best_scoring_checkpoint_of_earlier_runs(in_tmp, capsys
 @pytest.fixture(scope="module")
 def two_runs_made(tmp_path_factory) -> Path:
     """Two versions of the run, fitted once for the module: the older last.ckpt is good, the
-    newer one is for a test to damage in its own copy."""
+    newer one is for a test to damage in its own copy. The first is also what one plain
+    ``fit()`` leaves, for the tests that change its files (``_first_run``)."""
     root = tmp_path_factory.mktemp("two_runs")
     before = Path.cwd()
     os.chdir(root)
@@ -92,6 +93,13 @@ def two_runs_made(tmp_path_factory) -> Path:
     finally:
         os.chdir(before)
     return root
+
+
+def _first_run(root: Path, made: Path) -> Path:
+    """What ``fit()`` leaves in ``root``: the module's first run, copied; its last.ckpt."""
+    run = ckpt_dir(root, 0).parent
+    shutil.copytree(made / run, root / run)
+    return run / "checkpoints" / "last.ckpt"
 
 
 def _two_runs(root: Path, made: Path) -> tuple[Path, Path]:
@@ -138,8 +146,8 @@ def test_an_explicit_damaged_checkpoint_is_one_line(in_tmp, capsys, two_runs_mad
     assert str(newer) in line and "damaged" in line
 
 
-def test_last_with_only_damaged_saves_is_one_line(in_tmp, capsys):
-    assert fit() == 0
+def test_last_with_only_damaged_saves_is_one_line(in_tmp, capsys, two_runs_made):
+    _first_run(in_tmp, two_runs_made)
     last = ckpt_dir(in_tmp) / "last.ckpt"
     _flip_a_byte_in_the_weights(last)
     capsys.readouterr()
@@ -171,8 +179,8 @@ def test_a_plain_state_dict_is_one_line_that_says_what_it_is(in_tmp, capsys):
     assert "plain state_dict" in line and "load_state_dict" in line
 
 
-def test_a_weights_only_checkpoint_cannot_resume_a_fit(in_tmp, capsys):
-    assert fit() == 0
+def test_a_weights_only_checkpoint_cannot_resume_a_fit(in_tmp, capsys, two_runs_made):
+    _first_run(in_tmp, two_runs_made)
     trainer_ckpt = load(ckpt_dir(in_tmp) / "last.ckpt")
     weights = {k: trainer_ckpt[k] for k in ("state_dict", "hyper_parameters", "epoch",
                                           "global_step", "pytorch-lightning_version")}  # fmt: skip
@@ -199,9 +207,9 @@ def test_a_weights_only_checkpoint_cannot_resume_a_fit(in_tmp, capsys):
     ids=["unreadable", "other-step"],
 )
 def test_a_checkpoint_whose_loop_state_disagrees_with_its_step_is_refused(
-    in_tmp, capsys, change, said
+    in_tmp, capsys, change, said, two_runs_made
 ):
-    assert fit() == 0
+    _first_run(in_tmp, two_runs_made)
     checkpoint = load(ckpt_dir(in_tmp) / "last.ckpt")
     change(checkpoint)
     torch.save(checkpoint, in_tmp / "odd.ckpt")
@@ -223,8 +231,10 @@ def test_resuming_mid_epoch_with_another_batch_size_is_refused(in_tmp, capsys):
     assert fit(f"--ckpt_path={mid}") == 0  # with its own batch size it resumes
 
 
-def test_a_checkpoint_of_another_class_count_is_one_line(in_tmp, capsys, image_folder):
-    assert fit() == 0  # 10 classes
+def test_a_checkpoint_of_another_class_count_is_one_line(
+    in_tmp, capsys, image_folder, two_runs_made
+):
+    _first_run(in_tmp, two_runs_made)  # 10 classes
     last = ckpt_dir(in_tmp) / "last.ckpt"
     capsys.readouterr()
     code = fit("--data.dataset=folder", f"--data.data_dir={image_folder}",
@@ -234,8 +244,10 @@ def test_a_checkpoint_of_another_class_count_is_one_line(in_tmp, capsys, image_f
     assert "does not fit this model" in line and "[10, " in line and "[3, " in line
 
 
-def test_a_checkpoints_hyperparameters_that_replace_the_command_line_are_named(in_tmp, capsys):
-    assert fit() == 0  # width 8 (debug.yaml)
+def test_a_checkpoints_hyperparameters_that_replace_the_command_line_are_named(
+    in_tmp, capsys, two_runs_made
+):
+    _first_run(in_tmp, two_runs_made)  # width 8 (debug.yaml)
     last = ckpt_dir(in_tmp) / "last.ckpt"
     capsys.readouterr()
     assert fit("--model.width=16", "--trainer.max_epochs=2", f"--ckpt_path={last}") == 0
@@ -399,8 +411,10 @@ def _first_weight(c):
     ],
     ids=["missing-tensor", "extra-tensor", "no-schedule", "other-param-groups"],
 )
-def test_a_checkpoint_that_does_not_fit_the_run_is_one_line(in_tmp, capsys, change, said):
-    assert fit() == 0
+def test_a_checkpoint_that_does_not_fit_the_run_is_one_line(
+    in_tmp, capsys, change, said, two_runs_made
+):
+    _first_run(in_tmp, two_runs_made)
     checkpoint = load(ckpt_dir(in_tmp) / "last.ckpt")
     change(checkpoint)
     torch.save(checkpoint, in_tmp / "changed.ckpt")

@@ -45,6 +45,28 @@ def test_every_config_parses(capsys):
         assert "model:" in capsys.readouterr().out, name
 
 
+def test_only_the_asked_subcommand_is_built_and_help_lists_all_four(monkeypatch, capsys):
+    """Each subcommand's parser reads every signature again: a run builds its own only."""
+    from lightning.pytorch.cli import LightningCLI
+
+    built = []
+    original = LightningCLI._prepare_subcommand_parser
+
+    def prepare(self, klass, subcommand, **kwargs):
+        built.append(subcommand)
+        return original(self, klass, subcommand, **kwargs)
+
+    monkeypatch.setattr(LightningCLI, "_prepare_subcommand_parser", prepare)
+    with pytest.raises(SystemExit):
+        main(["validate", "--config", DEFAULT, "--print_config"])
+    assert built == ["validate"] and "model:" in capsys.readouterr().out
+    built.clear()
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert built == ["fit", "validate", "test", "predict"]
+    assert "{fit,validate,test,predict}" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("overlay", ["default.yaml", "cpu.yaml", "debug.yaml"])
 def test_short_fit_of_synthetic_configs(in_tmp, overlay):
     assert fit("--config", str(CONFIGS / overlay), "--trainer.max_epochs=1", *TINY) == 0

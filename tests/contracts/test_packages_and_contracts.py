@@ -187,6 +187,7 @@ def test_every_documented_metric_is_logged_and_every_logged_one_documented(in_tm
     assert "_rank_max" in (ROOT / "docs" / "GUIDE.md").read_text()
 
 
+@pytest.mark.slow  # two fits of 12 batches with a resume: 6 s
 def test_a_window_cut_short_by_the_warm_up_or_a_resume_says_how_many_steps_it_covers(in_tmp):
     # A resumed run's first logged means once covered only the steps since the resume, with
     # nothing to tell that row from a whole window's.

@@ -60,7 +60,9 @@ TABLE: tuple[Cause, ...] = (
         "launch_bound", "launch-bound", "launches", 0.05, False, "#937860",
         "kernel launches: the GPU ran dry {ms:.2f} ms per batch while the host was still "
         "launching",
-        "a larger batch, torch.compile (fewer, larger kernels) or CUDA graphs",
+        "CUDA graphs, which replay the whole step's kernels from one launch: "
+        'torch.compile(mode="reduce-overhead") (the example: --model.compile=reduce-overhead); '
+        "or a larger batch (fewer, larger kernels)",
         "the rest, when the GPU ran dry while the host was still running the step",
     ),
     Cause(
@@ -68,8 +70,9 @@ TABLE: tuple[Cause, ...] = (
         "the host's work between steps: the device sat {ms:.2f} ms per batch with nothing "
         "queued, outside the DataLoader",
         "a larger batch (the loop's per-step cost is fixed), less per-step logging and "
-        "fewer per-step callbacks; a profiler window (touch <run dir>/TRACE) shows what runs "
-        "there",
+        "fewer per-step callbacks (torch.compile and CUDA graphs shorten the step, not the "
+        "host's work between steps); a profiler window (touch <run dir>/TRACE) shows what "
+        "runs there",
         "the rest otherwise: the host between steps, busy with something else",
     ),
 )  # fmt: skip

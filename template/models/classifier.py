@@ -24,6 +24,10 @@ from gpu_busy.errors import UserError
 from gpu_busy.lightning_compat import is_logging_step
 from template.models.resnet import cifar_resnet
 
+# torch.compile's modes by name (its docstring): "default" fuses kernels; "reduce-overhead"
+# adds CUDA graphs, one launch for the whole step; "max-autotune" also searches kernels.
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
 
 def _accuracy(num_classes: int) -> MulticlassAccuracy:
     # micro average + no validation: the update is a compare-and-sum on the device. The
@@ -45,7 +49,9 @@ class ImageClassifier(pl.LightningModule):
         lr: peak learning rate (after warm-up), for ``lr_batch_size`` images per step
             summed over ranks; scaled linearly to the actual global batch.
         channels_last: channels-last weights and inputs; ``None`` means on for CUDA.
-        compile: wrap the network in ``torch.compile``.
+        compile: wrap the network in ``torch.compile``: ``true`` (its default mode, which
+            fuses kernels: for a step bound by the GPU's own work), or a mode by name,
+            ``reduce-overhead`` (CUDA graphs: for a launch-bound step), ``max-autotune``.
     """
 
     def __init__(
@@ -60,11 +66,16 @@ class ImageClassifier(pl.LightningModule):
         label_smoothing: float = 0.0,
         warmup_fraction: float = 0.2,
         channels_last: bool | None = None,
-        compile: bool = False,
+        compile: bool | str = False,
     ) -> None:
         super().__init__()
         if not lr > 0:
             raise UserError(f"model.lr must be greater than 0, got {lr}")
+        if isinstance(compile, str) and compile not in COMPILE_MODES:
+            raise UserError(
+                f"model.compile must be true, false or one of {', '.join(COMPILE_MODES)}, "
+                f"got {compile!r}"
+            )
         for name, value, low, high in (
             ("momentum", momentum, 0.0, 1.0),
             ("weight_decay", weight_decay, 0.0, float("inf")),
@@ -91,8 +102,9 @@ class ImageClassifier(pl.LightningModule):
         self._channels_last = False
 
     def configure_model(self) -> None:
-        if self.hparams.compile and not isinstance(self.net, torch._dynamo.OptimizedModule):
-            self.net = torch.compile(self.net)
+        mode = self.hparams.compile
+        if mode and not isinstance(self.net, torch._dynamo.OptimizedModule):
+            self.net = torch.compile(self.net, mode=None if mode is True else mode)
 
     def setup(self, stage: str) -> None:
         channels_last = self.hparams.channels_last

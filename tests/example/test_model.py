@@ -22,6 +22,27 @@ def test_bad_hyperparameters_are_user_errors():
         ImageClassifier(width=0)
 
 
+@pytest.mark.parametrize(
+    ("flag", "mode"), [(True, None), ("reduce-overhead", "reduce-overhead"), (False, "none")]
+)
+def test_compile_takes_a_mode_by_name_for_the_bound_it_fixes(monkeypatch, flag, mode):
+    """true: torch.compile's default mode (fusion, for a GPU-bound step); a mode by name:
+    reduce-overhead (CUDA graphs) for a launch-bound one, as the verdict advises."""
+    asked = []
+    monkeypatch.setattr(torch, "compile", lambda net, mode=None: asked.append(mode) or net)
+    model = ImageClassifier(width=4, compile=flag)
+    model.configure_model()
+    assert asked == ([] if mode == "none" else [mode])
+
+
+def test_an_unknown_compile_mode_is_a_user_error_naming_the_modes():
+    with pytest.raises(UserError) as error:
+        ImageClassifier(compile="fastest")
+    said = str(error.value)
+    assert "model.compile must be true, false or one of default, reduce-overhead" in said
+    assert "got 'fastest'" in said
+
+
 def test_validation_adds_no_host_to_device_copy():
     from gpu_busy.syncs import assert_no_syncs
 

@@ -34,21 +34,27 @@ def gpu_report(**figures) -> dict:
 
 
 @pytest.mark.parametrize(
-    ("figures", "cause"),
+    ("figures", "cause", "lever"),
     [
-        ({"idle_data_wait_ms": 3.0}, "data"),
-        ({"idle_sync_stall_ms": 2.0, "idle_data_wait_ms": 1.0}, "syncs"),  # the larger
-        ({"idle_launch_bound_ms": 1.0}, "launches"),
-        ({"idle_other_ms": 1.0}, "host"),
-        ({"transfer_ms": 2.0, "copy_ms": 2.0}, "copies"),
-        ({"transfer_ms": 2.0, "copy_ms": 0.1}, "transfer"),  # the hooks, not the copy
-        ({"idle_data_wait_ms": 0.4, "idle_other_ms": 0.4}, "device"),  # each below 5%
+        ({"idle_data_wait_ms": 3.0}, "data", "more DataLoader workers"),
+        ({"idle_sync_stall_ms": 2.0, "idle_data_wait_ms": 1.0}, "syncs", "remove that read"),
+        # launch-bound: graphs, one launch for the step's kernels
+        ({"idle_launch_bound_ms": 1.0}, "launches", 'mode="reduce-overhead"'),
+        # the host between steps: no compile mode shortens it
+        ({"idle_other_ms": 1.0}, "host", "shorten the step, not the host's work between"),
+        ({"transfer_ms": 2.0, "copy_ms": 2.0}, "copies", "StreamPrefetcher"),
+        ({"transfer_ms": 2.0, "copy_ms": 0.1}, "transfer", "Dataset's workers"),  # the hooks
+        # the GPU's own work (each cause below 5%): fusion, compile's default mode
+        ({"idle_data_wait_ms": 0.4, "idle_other_ms": 0.4}, "device", "default mode (it fuses"),
     ],
 )
-def test_the_largest_cause_at_or_above_its_threshold_bounds_a_gpu_run(figures, cause):
+def test_the_largest_cause_at_or_above_its_threshold_bounds_a_gpu_run(figures, cause, lever):
+    """The cause that bounds the run, and the lever that fixes that bound: which compile
+    mode for which bound among them."""
     verdict = decide(gpu_report(**figures))
     assert verdict.cause == cause, verdict.line
     assert verdict.line.startswith("verdict: bound by ") and "First try:" in verdict.line
+    assert lever in verdict.line.split("First try:")[1], verdict.line
     if cause != "device":
         assert f"a problem above {100 * thresholds()[cause]:.0f}%" in verdict.line
 

@@ -200,7 +200,7 @@ class SyncDetector:
         self.events: list[SyncEvent] = []
         self.internal_errors = 0  # failures of the detector's own code, kept from the program
         self._inside = 0  # >0 while a recorded op runs: what it calls is not counted again
-        self._ops: list[str] = []  # aten/Python ops in flight, to name CUDA's warnings
+        self._ops: list[Any] = []  # ops in flight: their str() names CUDA's warnings
         self._track_ops = False
         # CUDA's warnings come late (see _cuda_debug_warnings): the calls the layers are
         # running on the entering thread, the events recorded since the outermost began,
@@ -406,7 +406,7 @@ class SyncDetector:
         func: Callable,
         args: tuple,
         kwargs: dict,
-        name: str,
+        name: Any,
         counted: bool,
         entered: float,
         aten: bool = False,
@@ -414,7 +414,8 @@ class SyncDetector:
         """Run an op seen by a layer whose handler began at ``entered`` (perf_counter).
 
         Inside a ``counted`` one, the ops it runs underneath are this same sync and are not
-        recorded again; ``name`` labels CUDA's warnings. The sync just recorded is timed;
+        recorded again; ``name`` (its ``str()``, taken only when one is heard) labels CUDA's
+        warnings. The sync just recorded is timed;
         after one, the layer's own time is kept apart and an ``aten`` op that puts work on
         the device ends the idle (``gpu_busy.syncs.costs``).
         """
@@ -442,7 +443,7 @@ class SyncDetector:
             if event is not None:
                 timeline.returned(time.perf_counter())
 
-    def begin_call(self, name: str | None = None, python: bool = True) -> bool:
+    def begin_call(self, name: Any = None, python: bool = True) -> bool:
         """A call the layers see begins (on the entering thread: True, and ``end_call``
         must follow). CUDA's warnings for the syncs inside it are heard before it ends,
         or, for an aten op run by a C++ binding the layers do not see (``Storage.copy_``
@@ -763,7 +764,8 @@ class _DispatchLayer(TorchDispatchMode):
         kwargs = kwargs or {}
         d = self.d
         sync = d.guarded(self._observe, func, args, kwargs)
-        out = d.run_op(func, args, kwargs, str(func), bool(sync), entered, aten=True)
+        # the op itself for its name: str() only where a CUDA warning is heard inside it
+        out = d.run_op(func, args, kwargs, func, bool(sync), entered, aten=True)
         returned = time.perf_counter() if d.timeline.idle_since is not None else None
         if d.simulating and d._mirrors and func is _COPY:
             d.guarded(d.follow_mirror, args)

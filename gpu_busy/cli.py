@@ -240,7 +240,8 @@ def find_checkpoint(which: str, trainer: Namespace, *, training: bool) -> tuple[
     """
     root, folders = checkpoint_folders(trainer)
     pattern = "last*.ckpt" if which == "last" else "*.ckpt"
-    found = [p for folder in folders for p in folder.glob(pattern) if p.is_file()]
+    # folders too: a sharded checkpoint is one, and is refused by name, not passed over
+    found = [p for folder in folders for p in folder.glob(pattern) if p.exists()]
     if which == "last":  # SLURM's requeue saves (Lightning's hpc_ckpt_N) count as "last" too
         found += [p for p in root.glob("hpc_ckpt_*.ckpt") if p.is_file()]
     candidates = checkpoint_file.newest_first(found)
@@ -271,6 +272,7 @@ def find_checkpoint(which: str, trainer: Namespace, *, training: bool) -> tuple[
         raise UserError(
             f"--ckpt_path best: no best checkpoint under {root} (one is written when the "
             "monitored metric improves); use --ckpt_path last or a .ckpt file"
+            + (f"; skipped: {skipped[0]}" if skipped else "")
         )
     (score, _), path, checkpoint = max(
         usable, key=lambda u: u[0][0] * (1 if u[0][1] == "max" else -1)

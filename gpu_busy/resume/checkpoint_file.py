@@ -153,6 +153,15 @@ def read_checkpoint(path: str | os.PathLike) -> dict:
     file = Path(path).expanduser()
     if not file.exists():
         raise UnusableCheckpoint(f"checkpoint {file} does not exist")
+    if file.is_dir() and (file / ".metadata").is_file():
+        # torch.distributed.checkpoint's folder, as ModelParallelStrategy saves: one file per
+        # rank, and .metadata renamed into place after them all (distributed/checkpoint/
+        # filesystem.py:762, FileSystemWriter.finish, torch 2.14). Not read or checked here.
+        raise UnusableCheckpoint(
+            f"{file} is a sharded checkpoint (a torch.distributed.checkpoint folder, one file "
+            "per rank), which this entry point does not resume yet; load it with Lightning "
+            "(Trainer.fit(ckpt_path=...)) or start a new run"
+        )
     if not file.is_file():
         raise UnusableCheckpoint(f"checkpoint {file} is not a file")
     try:

@@ -161,6 +161,21 @@ class _Payload:
         return (os.system, ("echo planted",))
 
 
+def test_a_sharded_checkpoint_is_refused_by_name_not_passed_over(in_tmp, capsys):
+    """A torch.distributed.checkpoint folder (ModelParallelStrategy's last.ckpt: a file per
+    rank, .metadata written last) is named in one line: never "training from scratch"."""
+    sharded = ckpt_dir(in_tmp) / "last.ckpt"
+    sharded.mkdir(parents=True)
+    for name in (".metadata", "__0_0.distcp", "__1_0.distcp"):
+        (sharded / name).write_bytes(b"shard")
+    for asked in ("last", str(sharded)):
+        assert fit(f"--ckpt_path={asked}") == 2
+        line = one_error_line(capsys)
+        assert "is a sharded checkpoint" in line and str(sharded) in line, line
+    assert main(["validate", *TINY, "--ckpt_path=best"]) == 2
+    assert "skipped: " in one_error_line(capsys)
+
+
 def test_a_code_carrying_last_ckpt_is_never_loaded(in_tmp, capsys):
     folder = ckpt_dir(in_tmp)
     folder.mkdir(parents=True)

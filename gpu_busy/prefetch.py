@@ -198,7 +198,7 @@ class _Movable(ABC):  # noqa: B024 - a structural check, nothing to implement
 
 
 _SIMPLE = (torch.Tensor, int, float, bool, str, bytes, type(None))
-_PLAIN_LEAVES = frozenset(_SIMPLE[1:])
+_PLAIN_LEAVES = frozenset((int, float, bool, str, bytes, type(None)))  # _SIMPLE's non-tensors
 
 
 def self_moving_leaf(batch: Any) -> type | None:

@@ -29,6 +29,13 @@ def fix_hint(event: SyncEvent, chain_hints: tuple[tuple[str, str], ...] = ()) ->
     return fix or "find what reads device memory on the host here; defer it to logging steps"
 
 
+def site_key(x: SyncEvent | SyncSite) -> tuple[str, int, str, str, str | None]:
+    """Which site a ``SyncEvent`` belongs to, and a ``SyncSite``'s own key: by who asked too,
+    so one prog_bar line read by the loop and by a progress bar is two sites, each with its
+    reader named."""
+    return (x.filename, x.lineno, x.op, x.phase, x.via)
+
+
 @dataclass
 class SyncSite:
     """One (file, line, op, phase) with how often it synced."""
@@ -53,9 +60,7 @@ class SyncSite:
 
     @property
     def key(self) -> tuple[str, int, str, str, str | None]:
-        # by who asked too: one prog_bar line read by the loop and by a progress bar is two
-        # sites, each with its reader named
-        return (self.filename, self.lineno, self.op, self.phase, self.via)
+        return site_key(self)
 
     @property
     def location(self) -> str:
@@ -84,7 +89,7 @@ class SyncSiteTable:
 
     def add_all(self, events: list[SyncEvent], step: int, logging: bool) -> None:
         for e in events:
-            key = (e.filename, e.lineno, e.op, e.phase, e.via)  # as SyncSite.key
+            key = site_key(e)
             site = self.sites.get(key)
             if site is None:
                 hint = fix_hint(e, self.chain_hints)

@@ -37,6 +37,11 @@ def test_interval_union_overlap_and_gaps():
     assert union_length([(0, 4), (2, 6), (8, 9), (8, 9)]) == 7
     assert overlap_length((3, 10), [(0, 4), (8, 12)]) == 3
     assert overlap_length((3, 10), []) == 0
+    # one interval (the usual gap, one DataLoader read): the same as the general rule
+    for one in [(0, 4), (4, 5), (11, 12), (5, 5), (6, 2), (2, 12)]:
+        assert overlap_length((3, 10), [one]) == union_length(
+            [(max(3, one[0]), min(10, one[1]))]
+        ), one
     assert gaps([(0, 4.5), (5, 6), (6, 7)]) == [(4.5, 5)]
 
 

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# Everything that needs a GPU, in one run: the GPU tests, then the benchmark suite
-# (python -m bench: end to end, prefetch overlap, idle-time accuracy, overhead, start-up)
-# and the checkpoint writers' hold (python -m bench.checkpoints), tables printed last. Result files go to the directory given (default:
-# runs/gpu_suite): gpu_tests.xml/.txt, bench.json, bench.txt.
+# Everything that needs a GPU, in one run: the default fit as `make train` runs it (its
+# throughput, MFU, verdict, idle and val/acc, and the time from the command to the
+# summary), the GPU tests, then the benchmark suite (python -m bench: end to end, prefetch
+# overlap, idle-time accuracy, overhead, start-up) and the checkpoint writers' hold
+# (python -m bench.checkpoints), tables printed last. Result files go to the directory
+# given (default: runs/gpu_suite): default_fit.txt, gpu_tests.xml/.txt, bench.json,
+# bench.txt, checkpoints.txt.
 #
 #   bash scripts/gpu_suite.sh [OUT_DIR]
 #
@@ -31,6 +34,14 @@ import torch, lightning
 print(f"device: {torch.cuda.get_device_name() if torch.cuda.is_available() else 'none'}; "
       f"torch {torch.__version__}, lightning {lightning.__version__}")
 PY
+# The default fit first: what a user sees from `make train` (its command after the install).
+fit_start=$EPOCHREALTIME
+"$py" -m template.train fit --config configs/default.yaml \
+    --trainer.logger.init_args.save_dir="$out/default_fit" > "$out/default_fit.txt" 2>&1
+fit_rc=$?
+fit_s=$(awk "BEGIN { print $EPOCHREALTIME - $fit_start }")
+printf 'command to summary: %.1f s (exit %d)\n' "$fit_s" "$fit_rc" >> "$out/default_fit.txt"
+
 "$py" -m pytest -m gpu -p no:cacheprovider -q -o addopts="-ra --strict-markers" \
     --junitxml="$out/gpu_tests.xml" 2>&1 | tee "$out/gpu_tests.txt"
 tests_rc=${PIPESTATUS[0]}
@@ -39,6 +50,9 @@ bench_rc=$?
 "$py" -m bench.checkpoints --device cuda --out "$out" > "$out/checkpoints.txt" 2>&1 \
     || bench_rc=1
 echo
+echo "== the default fit (python -m template.train fit --config configs/default.yaml):"
+grep -E "throughput: |verdict: |idle between steps|^ *(data wait|sync stall|launch)|fit done in|^command to summary" \
+    "$out/default_fit.txt" | sed 's/^[0-9:]* INFO //'
 echo "== GPU tests: $(tail -n 1 "$out/gpu_tests.txt")"
 echo "== benchmark suite (python -m bench), full log in $out/bench.txt:"
 sed -n '/^claim /,$p' "$out/bench.txt" | grep . || tail -n 30 "$out/bench.txt"
@@ -47,4 +61,4 @@ tail -n 6 "$out/checkpoints.txt"
 # Last: how many required checks ran; a skip is a failure of the suite, not a pass.
 "$py" scripts/required_checks.py "$out/gpu_tests.xml" "$out/bench.txt"
 checks_rc=$?
-exit $(( tests_rc != 0 || bench_rc != 0 || checks_rc != 0 ))
+exit $(( fit_rc != 0 || tests_rc != 0 || bench_rc != 0 || checks_rc != 0 ))

@@ -42,6 +42,14 @@ class Cause:
         return f"idle_{self.name}_ms"
 
 
+# The verdict's words wherever it advises a larger batch. At the same epochs a larger
+# batch takes fewer optimizer steps, and too few steps lose accuracy whatever the learning
+# rate: measured on a GPU machine and the CPU (docs/BENCHMARKS.md, "A larger batch").
+LARGER_BATCH = (
+    "a larger batch (fewer optimizer steps an epoch: if accuracy falls, keep the steps, "
+    "with max_steps or a larger max_epochs)"
+)
+
 TABLE: tuple[Cause, ...] = (
     Cause(
         "data_wait", "data wait", "data", 0.05, True, "#dd8452",
@@ -62,14 +70,14 @@ TABLE: tuple[Cause, ...] = (
         "launching",
         "CUDA graphs, which replay the whole step's kernels from one launch: "
         'torch.compile(mode="reduce-overhead") (the example: --model.compile=reduce-overhead); '
-        "or a larger batch (fewer, larger kernels)",
+        f"or fewer, larger kernels: {LARGER_BATCH}",
         "the rest, when the GPU ran dry while the host was still running the step",
     ),
     Cause(
         "other", "other", "host", 0.05, True, "#8c8c8c",
         "the host's work between steps: the device sat {ms:.2f} ms per batch with nothing "
         "queued, outside the DataLoader",
-        "a larger batch (the loop's per-step cost is fixed), less per-step logging and "
+        f"{LARGER_BATCH}, since the loop's cost is per step; less per-step logging and "
         "fewer per-step callbacks (torch.compile and CUDA graphs shorten the step, not the "
         "host's work between steps); a profiler window (touch <run dir>/TRACE) shows what "
         "runs there",

@@ -69,7 +69,7 @@ def decide(idle: dict[str, Any] | None, syncs: dict[str, Any] | None = None) -> 
             f"at or above its threshold ({_thresholds()}). First try: make the step cheaper "
             f"on the {what}: bf16-mixed precision, torch.compile's default mode (it fuses "
             "kernels: fewer trips through memory; the example: --model.compile=true), "
-            f"channels_last for convolutions, a larger batch.{syncs_text}",
+            f"channels_last for convolutions, {cause_table.LARGER_BATCH}.{syncs_text}",
         )
     share, cause, text = max(bound, key=lambda b: b[0])
     pct = f"{100 * share:.0f}% of a step; a problem above {100 * limit[cause]:.0f}%"
@@ -104,8 +104,9 @@ def _transfer_text(ms: float, pct: str) -> str:
         f"the batch transfer: {TRANSFER_HOST} kept the device waiting {ms:.2f} ms per batch "
         "(Lightning's "
         "transfer, the on_before/on_after_batch_transfer hooks, the callbacks' "
-        f"on_train_batch_start; {pct}). First try: move host work in those hooks into the "
-        "Dataset's workers, or do it on the device"
+        f"on_train_batch_start; {pct}). First try: {cause_table.LARGER_BATCH}, since that "
+        "work is per batch, not per image; move host work in those hooks into the Dataset's "
+        "workers, or do it on the device"
     )
 
 

@@ -75,7 +75,12 @@ class ImageDataModule(pl.LightningDataModule):
         pin_memory: pin host batches; ``None`` means on when training on a GPU.
         augment: random crop (``crop_padding``) and horizontal flip on training batches.
         download: allow downloading CIFAR-10 when it is not in ``data_dir``.
-        synthetic_train_size, synthetic_val_size: images in the synthetic splits.
+        synthetic_train_size: training images of ``synthetic``; ``None``: as many as
+            ``synthetic_steps_per_epoch`` optimizer steps of the global batch take.
+        synthetic_steps_per_epoch: the synthetic data is drawn, not stored, so its epoch can
+            be a number of optimizer steps (ranks x batch x accumulation images each): a
+            larger batch or more ranks keep the steps a schedule needs.
+        synthetic_val_size: validation images of ``synthetic``.
         image_size: side of the square images for ``folder`` (resized, centre-cropped).
         seed: seed of the synthetic data (the same on every rank and every run).
     """
@@ -90,7 +95,8 @@ class ImageDataModule(pl.LightningDataModule):
         augment: bool = True,
         crop_padding: int = 4,
         download: bool = True,
-        synthetic_train_size: int = 20_000,
+        synthetic_train_size: int | None = None,
+        synthetic_steps_per_epoch: int = 48,
         synthetic_val_size: int = 2_000,
         image_size: int = 32,
         seed: int = 0,
@@ -98,6 +104,11 @@ class ImageDataModule(pl.LightningDataModule):
         super().__init__()
         if batch_size < 1:
             raise UserError(f"data.batch_size must be at least 1, got {batch_size}")
+        if synthetic_steps_per_epoch < 1:
+            raise UserError(
+                "data.synthetic_steps_per_epoch must be at least 1, got "
+                f"{synthetic_steps_per_epoch}"
+            )
         if image_size < 1:
             raise UserError(f"data.image_size must be at least 1 (pixels), got {image_size}")
         if num_workers is not None and num_workers < 0:
@@ -142,7 +153,10 @@ class ImageDataModule(pl.LightningDataModule):
         hp = self.hparams
         if self.dataset == "synthetic":
             # Different seeds for the two splits: validation images are never trained on.
-            self.train_set = InMemoryImages(*make_shapes(hp.synthetic_train_size, hp.seed))
+            size = hp.synthetic_train_size
+            if size is None:
+                size = self._images_for(hp.synthetic_steps_per_epoch)
+            self.train_set = InMemoryImages(*make_shapes(size, hp.seed))
             self.val_set = InMemoryImages(*make_shapes(hp.synthetic_val_size, hp.seed + 1))
         elif self.dataset == "cifar10":
             self.train_set = InMemoryImages(*load_cifar10(self.data_dir, True, download=False))
@@ -159,6 +173,14 @@ class ImageDataModule(pl.LightningDataModule):
                 len(self.val_set),
             )
         self._check_batches()
+
+    def _images_for(self, steps: int) -> int:
+        """Images in ``steps`` optimizer steps of the global batch."""
+        trainer = self.trainer
+        ranks, accumulate = (
+            (trainer.world_size, trainer.accumulate_grad_batches) if trainer else (1, 1)
+        )
+        return steps * self.batch_size * ranks * accumulate
 
     def _check_batches(self) -> None:
         """Training keeps full batches only (drop_last), so a training set smaller than one

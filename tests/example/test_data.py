@@ -239,3 +239,27 @@ def test_the_images_a_partial_batch_leaves_out_are_said_once(caplog):
     with caplog.at_level("INFO"):
         ImageDataModule(synthetic_train_size=256, batch_size=128).setup("fit")
     assert "leaves out" not in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("ranks", "batch", "accumulate"), [(1, 16, 1), (1, 32, 1), (2, 16, 1), (2, 16, 2)]
+)
+def test_a_synthetic_epoch_is_its_optimizer_steps_whatever_the_global_batch(
+    ranks, batch, accumulate
+):
+    """A larger batch, more ranks or accumulation draw more images, not fewer steps: the
+    schedule's steps (and so its accuracy, docs/BENCHMARKS.md) stay those of the config."""
+    from types import SimpleNamespace
+
+    data = ImageDataModule(batch_size=batch, synthetic_steps_per_epoch=3, synthetic_val_size=8)
+    data.trainer = SimpleNamespace(world_size=ranks, accumulate_grad_batches=accumulate)
+    data.setup("fit")
+    per_rank_batches = len(data.train_set) // ranks // batch
+    assert len(data.train_set) == 3 * ranks * batch * accumulate
+    assert per_rank_batches // accumulate == 3
+    fixed = ImageDataModule(batch_size=batch, synthetic_train_size=96, synthetic_val_size=8)
+    fixed.trainer = data.trainer
+    fixed.setup("fit")
+    assert len(fixed.train_set) == 96  # a size given is the size
+    with pytest.raises(UserError, match="synthetic_steps_per_epoch must be at least 1"):
+        ImageDataModule(synthetic_steps_per_epoch=0)

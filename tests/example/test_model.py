@@ -50,3 +50,33 @@ def test_validation_adds_no_host_to_device_copy():
     images, labels = torch.randn(4, 3, 32, 32), torch.tensor([0, 1, 2, 0])
     assert_no_syncs(model.validation_step, (images, labels), 0)
     assert model.val_loss.compute().isfinite()
+
+
+@pytest.mark.parametrize(
+    ("ranks", "batch", "accumulate"), [(1, 256, 1), (1, 1024, 1), (2, 1024, 1), (1, 512, 2)]
+)
+def test_the_peak_lr_and_the_warmup_follow_the_global_batch(ranks, batch, accumulate):
+    """model.lr is for lr_batch_size images a step; the peak scales with the images every
+    optimizer step sees (ranks x batch x accumulation), and the warm-up is the same share
+    of the run's images whatever the batch."""
+    from types import SimpleNamespace
+
+    images = 50_000 * 6
+    global_batch = ranks * batch * accumulate
+    steps = images // global_batch
+    model = ImageClassifier(width=4, lr=0.4, lr_batch_size=256, warmup_fraction=0.2)
+    model.trainer = SimpleNamespace(
+        world_size=ranks,
+        accumulate_grad_batches=accumulate,
+        datamodule=SimpleNamespace(batch_size=batch),
+        estimated_stepping_batches=steps,
+        num_training_batches=steps,
+    )
+    optimizer = model.configure_optimizers()["optimizer"]
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.4 / 25 * global_batch / 256)
+    factors = [model._lr_factor(step) for step in range(steps)]
+    peak_step = factors.index(max(factors))
+    assert max(factors) == pytest.approx(1.0)
+    assert factors[0] == pytest.approx(0.04) and factors[-1] < 0.01
+    # the warm-up ends after a fifth of the run's images, to within one step's images
+    assert abs(peak_step * global_batch - 0.2 * images) <= global_batch

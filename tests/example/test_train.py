@@ -307,3 +307,58 @@ def test_every_pointer_into_readme_names_a_part_of_it():
                     pointers.append((path.relative_to(ROOT), name))
     assert pointers
     assert [(str(p), n) for p, n in pointers if n not in parts] == []
+
+
+@pytest.mark.parametrize(
+    ("cuda", "flags", "cpu_overlay"),
+    [
+        (True, [], False),
+        (False, [], True),
+        (True, ["ACCELERATOR=cpu", "DEVICES=2"], True),
+        (True, ["GPUS=2"], False),
+        (False, ["CPU_CONFIG="], False),
+    ],
+)
+def test_make_train_adds_the_cpu_overlay_where_no_gpu_trains(tmp_path, cuda, flags, cpu_overlay):
+    """The default config is the GPU run; `make train` adds configs/cpu.yaml (a narrower
+    model, fewer images) exactly where it will train on the CPU."""
+    fake = tmp_path / "python"  # answers the Makefile's CUDA question, echoes the command
+    fake.write_text(f'#!/bin/sh\n[ "$1" = -c ] && exit {0 if cuda else 1}\necho "ran: $*"\n')
+    fake.chmod(0o755)
+    result = subprocess.run(
+        ["make", "--no-print-directory", "-o", "install", "train", f"PY={fake}", *flags],
+        cwd=ROOT, capture_output=True, text=True, timeout=HANG_S,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    (ran,) = [line for line in result.stdout.splitlines() if line.startswith("ran: ")]
+    assert ran.startswith("ran: -m template.train fit --config configs/default.yaml")
+    assert ("--config configs/cpu.yaml" in ran) == cpu_overlay
+
+
+def test_the_default_config_is_the_gpu_run_and_the_cpu_overlay_keeps_the_cpu_run(capsys):
+    """configs/default.yaml is sized for a GPU (batch 1024, 48 steps an epoch: GPU-bound on
+    an H100, docs/BENCHMARKS.md), its epoch a number of optimizer steps so that a larger
+    batch keeps them; with configs/cpu.yaml the CPU run is the one it was."""
+
+    def resolved(*overlays: str) -> dict:
+        args = ["fit", "--config", DEFAULT, *[a for o in overlays for a in ("--config", o)]]
+        with pytest.raises(SystemExit):
+            main([*args, "--print_config"])
+        config = yaml.safe_load(capsys.readouterr().out)
+        model, data = config["model"]["init_args"], config["data"]["init_args"]
+        return {
+            "width": model["width"], "compile": model["compile"],
+            "batch": data["batch_size"], "images": data["synthetic_train_size"],
+            "steps_per_epoch": data["synthetic_steps_per_epoch"],
+            "epochs": config["trainer"]["max_epochs"], "precision": config["trainer"]["precision"],
+        }  # fmt: skip
+
+    # 288 steps: 6 epochs of 48; 192: 3 epochs of 64 (8,192 images: the CPU run as it was)
+    assert resolved() == {
+        "width": 64, "compile": False, "batch": 1024, "images": None, "steps_per_epoch": 48,
+        "epochs": 6, "precision": None,
+    }  # fmt: skip
+    assert resolved(str(CONFIGS / "cpu.yaml")) == {
+        "width": 16, "compile": False, "batch": 128, "images": None, "steps_per_epoch": 64,
+        "epochs": 3, "precision": None,
+    }  # fmt: skip

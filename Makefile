@@ -1,6 +1,8 @@
 # make train                     train with configs/default.yaml (one GPU, else the CPU)
 # make train GPUS=2              DDP on 2 GPUs
 # make train ACCELERATOR=cpu DEVICES=2   2-process DDP on the CPU (gloo)
+# make train STRATEGY=fsdp GPUS=4         sharded (FSDP2, configs/fsdp.yaml); any other
+#                                         STRATEGY= is passed to Lightning by name
 # make train CONFIG=configs/cifar10.yaml ARGS="--trainer.max_epochs=1"
 # make train RUNS=/scratch/me/runs       runs (logs, checkpoints, reports) there, not in runs/
 # make test                      the CPU test suite (GPU tests too where CUDA is present)
@@ -25,6 +27,9 @@ CONFIG ?=
 # Applied when training on the CPU (a narrower model, fewer images); set CPU_CONFIG= to skip.
 CPU_CONFIG ?= configs/cpu.yaml
 GPUS ?=
+# fsdp: configs/fsdp.yaml (FSDP2 through ModelParallelStrategy); another name goes to
+# --trainer.strategy (Lightning's registry: ddp, deepspeed, ...)
+STRATEGY ?=
 ACCELERATOR ?=
 DEVICES ?=
 ARGS ?=
@@ -101,6 +106,11 @@ ifneq ($(ACCELERATOR),)
 $(error set either GPUS=N or ACCELERATOR=... DEVICES=..., not both)
 endif
 TRAIN_FLAGS += --trainer.accelerator=gpu --trainer.devices=$(GPUS)
+endif
+ifeq ($(STRATEGY),fsdp)
+TRAIN_FLAGS += --config configs/fsdp.yaml
+else ifneq ($(STRATEGY),)
+TRAIN_FLAGS += --trainer.strategy=$(STRATEGY)
 endif
 TRAIN_FLAGS += $(if $(ACCELERATOR),--trainer.accelerator=$(ACCELERATOR))
 TRAIN_FLAGS += $(if $(DEVICES),--trainer.devices=$(DEVICES))

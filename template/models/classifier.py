@@ -17,6 +17,7 @@ import math
 import lightning.pytorch as pl
 import torch
 import torch.nn.functional as F
+from torch.distributed.fsdp import FSDPModule, fully_shard
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
@@ -102,6 +103,18 @@ class ImageClassifier(pl.LightningModule):
         self._channels_last = False
 
     def configure_model(self) -> None:
+        mesh = self.device_mesh  # set by a sharding strategy (configs/fsdp.yaml), else None
+        net = getattr(self.net, "_orig_mod", self.net)  # under torch.compile's wrapper
+        if mesh is not None and not isinstance(net, FSDPModule):
+            # FSDP2: each residual stage, then the rest, is one unit whose parameters are
+            # all-gathered just before its forward (and backward) and freed after, so one
+            # rank holds a stage's full weights at a time and a 1/N shard of the others,
+            # of their gradients and of the optimizer's state.
+            ranks = mesh["data_parallel"]
+            for stage in self.net:
+                if isinstance(stage, torch.nn.Sequential):
+                    fully_shard(stage, mesh=ranks)
+            fully_shard(self.net, mesh=ranks)
         mode = self.hparams.compile
         if mode and not isinstance(self.net, torch._dynamo.OptimizedModule):
             self.net = torch.compile(self.net, mode=None if mode is True else mode)

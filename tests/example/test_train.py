@@ -317,6 +317,7 @@ def test_every_pointer_into_readme_names_a_part_of_it():
         (True, ["ACCELERATOR=cpu", "DEVICES=2"], True),
         (True, ["GPUS=2"], False),
         (False, ["CPU_CONFIG="], False),
+        (False, ["STRATEGY=fsdp", "ACCELERATOR=cpu", "DEVICES=2"], True),
     ],
 )
 def test_make_train_adds_the_cpu_overlay_where_no_gpu_trains(tmp_path, cuda, flags, cpu_overlay):
@@ -333,6 +334,8 @@ def test_make_train_adds_the_cpu_overlay_where_no_gpu_trains(tmp_path, cuda, fla
     (ran,) = [line for line in result.stdout.splitlines() if line.startswith("ran: ")]
     assert ran.startswith("ran: -m template.train fit --config configs/default.yaml")
     assert ("--config configs/cpu.yaml" in ran) == cpu_overlay
+    # STRATEGY=fsdp: the sharding overlay, after the CPU one
+    assert ("--config configs/fsdp.yaml" in ran) == ("STRATEGY=fsdp" in flags)
 
 
 def test_the_default_config_is_the_gpu_run_and_the_cpu_overlay_keeps_the_cpu_run(capsys):

@@ -170,6 +170,25 @@ def resolve_precision(accelerator: str) -> str:
     return "32-true"
 
 
+def loads_sharded(strategy: Any) -> bool:
+    """Whether the config's strategy loads a torch.distributed.checkpoint folder: Lightning's
+    ModelParallelStrategy and FSDPStrategy (and their subclasses) do, by class or by name."""
+    from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy, StrategyRegistry
+
+    if isinstance(strategy, Namespace):
+        strategy = strategy.get("class_path")
+    if isinstance(strategy, str) and strategy in StrategyRegistry:
+        strategy = StrategyRegistry[strategy]["strategy"]
+    elif isinstance(strategy, str) and "." in strategy:
+        module, _, name = strategy.rpartition(".")
+        try:
+            strategy = getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError):
+            return False
+    cls = strategy if isinstance(strategy, type) else type(strategy)
+    return issubclass(cls, (ModelParallelStrategy, FSDPStrategy))
+
+
 def read_checkpoint(path: str | Path) -> dict:
     """The checkpoint at ``path`` after every check, or a ``UserError`` saying what it is."""
     try:
@@ -381,6 +400,12 @@ class TrainingCLI(LightningCLI):
             problem = checkpoint_file.resume_problem(checkpoint, path, training=training)
             if problem:
                 raise UserError(problem)
+        if checkpoint_file.is_sharded(path) and not loads_sharded(config.trainer.get("strategy")):
+            raise UserError(
+                f"{path} is a sharded checkpoint (a torch.distributed.checkpoint folder, one "
+                "file per rank): load it with a sharding strategy, STRATEGY=fsdp (--config "
+                "configs/fsdp.yaml), on any number of ranks"
+            )
         self.checkpoint = (path, checkpoint)
         global _resuming
         _resuming = path

@@ -10,6 +10,13 @@ once the processes exist. The model shards itself in ``configure_model`` over
 ``self.device_mesh["data_parallel"]`` (``torch.distributed.fsdp.fully_shard``), as the
 example's ``ImageClassifier`` does.
 
+Buffers (BatchNorm's running statistics) are not sharded: FSDP2 leaves each rank its own,
+updated from its own batches, and a checkpoint keeps one rank's copy (torch's planner
+saves a replicated tensor once, from any rank). DDP instead broadcasts rank zero's
+buffers before every forward (``broadcast_buffers=True``). Here rank zero's are broadcast
+after every optimizer step, in one collective per dtype on the device (no host sync), so
+every rank evaluates with the same statistics and a checkpoint holds what every rank had.
+
 Example (``configs/fsdp.yaml``; ``make train STRATEGY=fsdp GPUS=4``)::
 
     trainer = pl.Trainer(strategy=FullyShardedStrategy(), devices=4)
@@ -19,7 +26,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+import torch.distributed as dist
 from lightning.pytorch.strategies import ModelParallelStrategy
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+from torch.distributed.tensor import DTensor
 
 
 class FullyShardedStrategy(ModelParallelStrategy):
@@ -40,3 +51,27 @@ class FullyShardedStrategy(ModelParallelStrategy):
         # parent resolves "auto" to the number of nodes, which is one rank per node.
         self._data_parallel_size = self.num_nodes * self.num_processes
         super().setup_environment()
+        # Once: slicing the mesh builds a sub-mesh from a host tensor (a .tolist() per call)
+        self._ranks = self.device_mesh["data_parallel"].get_group()
+
+    def optimizer_step(self, *args: Any, **kwargs: Any) -> Any:
+        out = super().optimizer_step(*args, **kwargs)
+        self.broadcast_buffers()
+        return out
+
+    def broadcast_buffers(self) -> None:
+        """Rank zero's floating-point buffers on every data-parallel rank."""
+        if self.model is None or self.world_size == 1:
+            return
+        group = self._ranks
+        by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+        for buffer in self.model.buffers():
+            if buffer.is_floating_point() and not isinstance(buffer, DTensor):
+                by_dtype.setdefault(buffer.dtype, []).append(buffer)
+        with torch.no_grad():
+            for buffers in by_dtype.values():
+                flat = _flatten_dense_tensors(buffers)
+                dist.broadcast(flat, src=dist.get_global_rank(group, 0), group=group)
+                synced = _unflatten_dense_tensors(flat, buffers)
+                for buffer, value in zip(buffers, synced, strict=True):
+                    buffer.copy_(value)

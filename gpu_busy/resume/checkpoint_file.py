@@ -153,15 +153,8 @@ def read_checkpoint(path: str | os.PathLike) -> dict:
     file = Path(path).expanduser()
     if not file.exists():
         raise UnusableCheckpoint(f"checkpoint {file} does not exist")
-    if file.is_dir() and (file / ".metadata").is_file():
-        # torch.distributed.checkpoint's folder, as ModelParallelStrategy saves: one file per
-        # rank, and .metadata renamed into place after them all (distributed/checkpoint/
-        # filesystem.py:762, FileSystemWriter.finish, torch 2.14). Not read or checked here.
-        raise UnusableCheckpoint(
-            f"{file} is a sharded checkpoint (a torch.distributed.checkpoint folder, one file "
-            "per rank), which this entry point does not resume yet; load it with Lightning "
-            "(Trainer.fit(ckpt_path=...)) or start a new run"
-        )
+    if is_sharded(file):
+        return _read_sharded(file)
     if not file.is_file():
         raise UnusableCheckpoint(f"checkpoint {file} is not a file")
     try:
@@ -196,6 +189,75 @@ def read_checkpoint(path: str | os.PathLike) -> dict:
         raise UnusableCheckpoint(
             f"{file} holds a {type(checkpoint).__name__}, not a checkpoint's dictionary"
         )
+    return checkpoint
+
+
+def is_sharded(path: Path) -> bool:
+    """A torch.distributed.checkpoint folder (ModelParallelStrategy's, FSDPStrategy's)."""
+    return path.is_dir() and (path / DCP_METADATA).is_file()
+
+
+DCP_METADATA = ".metadata"  # torch.distributed.checkpoint's index of the shards
+LIGHTNING_META = "meta.pt"  # Lightning's: everything but the weights and optimizer states
+
+
+def _read_sharded(folder: Path) -> dict:
+    """Lightning's part of a sharded checkpoint (``meta.pt``: loops, callbacks, hyper-
+    parameters), with ``state_dict`` as meta tensors of the saved names and shapes, read
+    from the shards' index: the checks need no weights, and the shards stay on disk.
+
+    A save writes every rank's shard files, then rank zero renames ``.metadata`` into place
+    once all have finished (``torch/distributed/checkpoint/filesystem.py``,
+    ``FileSystemWriter.finish``), then Lightning's ``meta.pt``
+    (``lightning/pytorch/strategies/model_parallel.py``, ``save_checkpoint``). Saved over
+    an older one in place, a save a rank did not finish leaves a shard newer than the
+    index, or an index newer than ``meta.pt``: never resumed from.
+    """
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    try:
+        index = FileSystemReader(str(folder)).read_metadata()
+    except Exception as e:  # any unreadable index is one answer
+        raise UnusableCheckpoint(
+            f"{folder} is a sharded checkpoint whose index ({DCP_METADATA}) cannot be read "
+            f"({' '.join(str(e).split())[:120]})"
+        ) from None
+    shards = {folder / info.relative_path for info in index.storage_data.values()}
+    missing = sorted(p.name for p in shards if not p.is_file())
+    meta = folder / LIGHTNING_META
+    times = [p.stat().st_mtime_ns for p in shards if p.is_file()]
+    indexed = (folder / DCP_METADATA).stat().st_mtime_ns
+    if missing or not meta.is_file() or max(times, default=0) > indexed:
+        what = f"missing {', '.join(missing)}" if missing else "a shard newer than its index"
+        what = f"no {LIGHTNING_META}" if not missing and not meta.is_file() else what
+        raise UnusableCheckpoint(
+            f"{folder} is a sharded checkpoint whose save did not finish ({what}: a rank "
+            "stopped while writing it)"
+        )
+    if indexed > meta.stat().st_mtime_ns:
+        raise UnusableCheckpoint(
+            f"{folder} is a sharded checkpoint whose save did not finish (its {LIGHTNING_META} "
+            "is older than its index: the save stopped between them)"
+        )
+    try:
+        checkpoint = torch.load(meta, map_location="cpu", weights_only=True)
+    except Exception as e:  # a torch.load of any damage
+        raise UnusableCheckpoint(
+            f"{meta} is not a readable checkpoint part ({' '.join(str(e).split())[:120]})"
+        ) from None
+    if not isinstance(checkpoint, dict):
+        raise UnusableCheckpoint(f"{meta} holds a {type(checkpoint).__name__}, not a dictionary")
+    state, optimizers = {}, set()
+    for key, item in index.state_dict_metadata.items():
+        group, _, name = key.partition(".")
+        if group == "state_dict" and isinstance(item, TensorStorageMetadata):
+            state[name] = torch.empty(item.size, dtype=item.properties.dtype, device="meta")
+        elif group.startswith("optimizer_"):
+            optimizers.add(group)
+    checkpoint["state_dict"] = state
+    if optimizers:  # their states stay in the shards
+        checkpoint["optimizer_states"] = [None] * len(optimizers)
     return checkpoint
 
 

@@ -2,7 +2,8 @@
 
 Each rank writes ``shards/params_rank<N>.json`` at the start of training: the parameters'
 full element count, the count this rank holds, and whether every parameter is a DTensor
-sharded over the data-parallel ranks. It reads shapes only: no sync.
+sharded over the data-parallel ranks (shapes only: no sync). At the end of training the
+ranks gather the full weights, which rank zero saves to ``shards/final_<version>.pt``.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import json
 from pathlib import Path
 
 import lightning.pytorch as pl
+import torch
 from torch.distributed.tensor import DTensor
 
 
@@ -29,3 +31,11 @@ class RecordParameters(pl.Callback):
                                       if isinstance(p, DTensor)}),
             })
         )  # fmt: skip
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        full = {
+            name: (p.full_tensor() if isinstance(p, DTensor) else p).detach().clone()
+            for name, p in pl_module.state_dict().items()
+        }  # every rank: full_tensor() is a collective
+        if trainer.global_rank == 0:
+            torch.save(full, Path("shards") / f"final_{trainer.logger.version}.pt")

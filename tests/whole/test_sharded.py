@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
+import csv
 import json
+import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -11,6 +14,7 @@ import torch
 import torch.nn.functional as F
 import yaml
 
+from gpu_busy.resume import checkpoint_file
 from gpu_busy.throughput.flops import FlopCount
 from template.models import cifar_resnet
 from tests.conftest import CONFIGS, DEBUG, DEFAULT, run_entry_point
@@ -31,20 +35,34 @@ def strict_callbacks(tmp_path: Path) -> str:
     return str(overlay)
 
 
-@pytest.mark.slow
-def test_two_sharded_ranks_train_with_every_callback_true_and_one_report(tmp_path):
+def sharded_fit(folder: Path, *args: str, devices: int = 2, subcommand: str = "fit"):
+    """The entry point on ``devices`` CPU ranks with the sharding overlay: 8 batches of 32
+    a rank an epoch (on 2 ranks), every callback of the default config, strict."""
     result = run_entry_point(
         [
-            "fit", "--config", DEFAULT, "--config", DEBUG, "--config", FSDP,
-            "--config", strict_callbacks(tmp_path),
-            "--trainer.accelerator=cpu", "--trainer.devices=2", "--trainer.max_epochs=2",
+            subcommand, "--config", DEFAULT, "--config", DEBUG, "--config", FSDP,
+            "--config", strict_callbacks(folder),
+            "--trainer.accelerator=cpu", f"--trainer.devices={devices}",
             "--data.synthetic_train_size=512", "--data.batch_size=32",
-            "--trainer.limit_train_batches=8", "--trainer.log_every_n_steps=4",
+            "--trainer.limit_train_batches=8", "--trainer.log_every_n_steps=4", *args,
         ],
-        cwd=tmp_path,
+        cwd=folder,
     )  # fmt: skip
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-3000:]
+    return output
+
+
+@pytest.fixture(scope="module")
+def two_epochs(tmp_path_factory):
+    """One sharded fit of 2 epochs on 2 ranks: runs/fsdp/version_0; its output."""
+    folder = tmp_path_factory.mktemp("sharded")
+    return folder, sharded_fit(folder, "--trainer.max_epochs=2")
+
+
+@pytest.mark.slow
+def test_two_sharded_ranks_train_with_every_callback_true_and_one_report(two_epochs):
+    tmp_path, output = two_epochs
     run = tmp_path / "runs" / "fsdp" / "version_0"
 
     # Sharded: every parameter a DTensor over both ranks, each rank holding about half.
@@ -91,3 +109,77 @@ def test_the_sharded_strategy_puts_every_rank_in_the_data_parallel_dimension():
     assert strategy._tensor_parallel_size == 1  # the parent's "auto" would be every GPU
     with pytest.raises(TypeError, match="sets tensor_parallel_size itself"):
         FullyShardedStrategy(tensor_parallel_size=2)
+
+
+@pytest.mark.slow
+def test_a_sharded_checkpoint_resumes_exactly_on_two_ranks_and_loads_on_one(two_epochs):
+    """Stopped after one epoch and resumed from its torch.distributed.checkpoint folder,
+    the run ends with the weights of the one that never stopped, bit for bit. On one rank
+    the same folder loads resharded: the weights it evaluates are the ones saved."""
+    folder, _ = two_epochs
+    runs = folder / "runs" / "fsdp"
+    # version_1: the same schedule (2 epochs), stopped at the end of the first
+    sharded_fit(
+        folder, "--trainer.max_epochs=2",
+        "--trainer.callbacks+=tests.helpers.faults_probe.SaveAndStop",
+        "--trainer.callbacks.init_args.step=8", "--trainer.callbacks.init_args.at_epoch_end=true",
+    )  # fmt: skip
+    saved = runs / "version_1" / "checkpoints" / "last.ckpt"
+    assert saved.is_dir()
+    resumed = sharded_fit(folder, "--trainer.max_epochs=2", f"--ckpt_path={saved}")  # version_2
+    assert f"resuming from {saved}" in resumed
+    assert json.loads((runs / "version_1" / "run.json").read_text())  # it wrote its report
+    straight = torch.load(folder / "shards" / "final_0.pt", weights_only=True)
+    again = torch.load(folder / "shards" / "final_2.pt", weights_only=True)
+    assert straight.keys() == again.keys()
+    assert all(torch.equal(straight[k], again[k]) for k in straight), [
+        k for k in straight if not torch.equal(straight[k], again[k])
+    ]
+
+    # One rank: validate the same folder's weights, then train on from it.
+    with (runs / "version_1" / "metrics.csv").open() as f:
+        logged = [float(row["val/loss"]) for row in csv.DictReader(f) if row["val/loss"]]
+    # all 128 validation images: 2 batches a rank on 2 ranks, 4 on one
+    one = sharded_fit(
+        folder, f"--ckpt_path={saved}", "--trainer.limit_val_batches=4",
+        devices=1, subcommand="validate",
+    )  # fmt: skip
+    (line,) = [x.split() for x in one.splitlines() if x.split()[:1] == ["val/loss"]]
+    assert float(line[1]) == pytest.approx(logged[-1], rel=1e-5), line
+    trained = sharded_fit(folder, "--trainer.max_epochs=2", f"--ckpt_path={saved}", devices=1)
+    assert "resumed at step 8 over 1 process(es)" in trained
+
+
+@pytest.mark.slow
+def test_a_sharded_save_a_rank_did_not_finish_is_never_resumed_from(two_epochs, tmp_path):
+    """Saved in place over an older one: a shard newer than the index, or an index newer
+    than Lightning's meta.pt, is a save that stopped part way; a whole one reads."""
+    folder, _ = two_epochs
+    whole = folder / "runs" / "fsdp" / "version_0" / "checkpoints" / "last.ckpt"
+    assert checkpoint_file.read_checkpoint(whole)["global_step"] == 16
+    for newer, than in (("__1_0.distcp", ".metadata"), (".metadata", "meta.pt")):
+        copy = tmp_path / newer / "last.ckpt"
+        shutil.copytree(whole, copy)
+        later = (copy / than).stat().st_mtime_ns + 10**9
+        os.utime(copy / newer, ns=(later, later))
+        with pytest.raises(checkpoint_file.UnusableCheckpoint, match="save did not finish"):
+            checkpoint_file.read_checkpoint(copy)
+    (tmp_path / "gone").mkdir()
+    shutil.copytree(whole, tmp_path / "gone" / "last.ckpt")
+    (tmp_path / "gone" / "last.ckpt" / "__0_0.distcp").unlink()
+    with pytest.raises(checkpoint_file.UnusableCheckpoint, match=r"missing __0_0\.distcp"):
+        checkpoint_file.read_checkpoint(tmp_path / "gone" / "last.ckpt")
+
+
+@pytest.mark.slow
+def test_a_sharded_checkpoint_without_a_sharding_strategy_is_one_line(two_epochs):
+    folder, _ = two_epochs
+    saved = folder / "runs" / "fsdp" / "version_0" / "checkpoints" / "last.ckpt"
+    result = run_entry_point(
+        ["fit", "--config", DEFAULT, "--config", DEBUG, "--trainer.accelerator=cpu",
+         f"--ckpt_path={saved}"],
+        cwd=folder,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr[-2000:]
+    (line,) = [x for x in result.stderr.splitlines() if x.startswith("error:")]
+    assert "is a sharded checkpoint" in line and "STRATEGY=fsdp" in line, line

@@ -7,6 +7,10 @@ import csv
 import json
 import os
 import shutil
+import signal
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,7 +21,7 @@ import yaml
 from gpu_busy.resume import checkpoint_file
 from gpu_busy.throughput.flops import FlopCount
 from template.models import cifar_resnet
-from tests.conftest import CONFIGS, DEBUG, DEFAULT, run_entry_point
+from tests.conftest import CONFIGS, DEBUG, DEFAULT, HANG_S, ROOT, run_entry_point
 
 FSDP = str(CONFIGS / "fsdp.yaml")
 
@@ -183,3 +187,74 @@ def test_a_sharded_checkpoint_without_a_sharding_strategy_is_one_line(two_epochs
     assert result.returncode == 2, result.stderr[-2000:]
     (line,) = [x for x in result.stderr.splitlines() if x.startswith("error:")]
     assert "is a sharded checkpoint" in line and "STRATEGY=fsdp" in line, line
+
+
+SHARDED_DDP = ["fit", "--config", DEFAULT, "--config", DEBUG, "--config", FSDP,
+               "--trainer.accelerator=cpu", "--trainer.devices=2", "--trainer.max_epochs=2",
+               "--trainer.log_every_n_steps=4"]  # fmt: skip
+
+
+def _said(result) -> list[str]:
+    return [x for x in result.stderr.splitlines() if x.startswith(("error:", "stopped:"))]
+
+
+@pytest.mark.slow
+def test_sigterm_on_one_sharded_rank_stops_both_at_one_step_with_a_whole_checkpoint(tmp_path):
+    result = run_entry_point(
+        [*SHARDED_DDP, "--trainer.callbacks+=tests.helpers.faults_probe.SignalAt",
+         "--trainer.callbacks.init_args.step=1", "--trainer.callbacks.init_args.rank=1"],
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 128 + signal.SIGTERM, result.stderr[-3000:]
+    last = Path("runs", "fsdp", "version_0", "checkpoints", "last.ckpt")
+    # Rank 1 alone got the signal after step 1; the ranks agreed at the next check (step 4)
+    # and every rank wrote its shard of the save.
+    assert _said(result) == [
+        f"stopped: SIGTERM at step 4; saved {last} (resume with --ckpt_path last)"
+    ]
+    saved = checkpoint_file.read_checkpoint(tmp_path / last)
+    assert saved["global_step"] == 4 and len(saved["state_dict"]) > 0
+
+
+@pytest.mark.slow
+def test_a_failed_sharded_rank_ends_both_naming_it(tmp_path):
+    result = run_entry_point(
+        [*SHARDED_DDP, "--trainer.callbacks+=tests.helpers.faults_probe.FailAt",
+         "--trainer.callbacks.init_args.step=2", "--trainer.callbacks.init_args.rank=1",
+         "--trainer.callbacks.init_args.how=raise"],
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 1, result.stderr[-3000:]
+    (line,) = [x for x in _said(result) if x.startswith("error: rank")]
+    assert line.startswith("error: rank 1 failed (RuntimeError: injected failure at step 2)")
+
+
+@pytest.mark.slow
+def test_two_torchrun_agents_on_loopback_train_the_sharded_example(tmp_path):
+    """torchrun is the multi-node engine: two agents, one a node, rendezvous on 127.0.0.1;
+    each starts one rank, and the model shards over both."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+    env.pop("LOCAL_RANK", None)
+
+    def agent(node: int) -> subprocess.Popen:
+        return subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1",
+             f"--node-rank={node}", "--master-addr=127.0.0.1", f"--master-port={port}",
+             "-m", "template.train", "fit", "--config", DEFAULT, "--config", DEBUG,
+             "--config", FSDP, "--trainer.accelerator=cpu", "--trainer.devices=1",
+             "--trainer.num_nodes=2", "--trainer.max_epochs=1",
+             "--trainer.callbacks+=tests.helpers.sharded_probe.RecordParameters"],
+            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+
+    agents = [agent(0), agent(1)]
+    outputs = [a.communicate(timeout=HANG_S)[0] for a in agents]
+    assert [a.returncode for a in agents] == [0, 0], outputs[0][-2000:] + outputs[1][-2000:]
+    assert sum(o.count("fit done in") for o in outputs) == 1
+    assert "over 2 process(es)" in outputs[0]
+    held = [json.loads((tmp_path / "shards" / f"params_rank{r}.json").read_text()) for r in (0, 1)]
+    assert all(h["mesh_sizes"] == [2] for h in held)
+    assert held[0]["local"] + held[1]["local"] == held[0]["full"]

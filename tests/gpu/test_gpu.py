@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from template.data.augment import DeviceAugment
-from tests.conftest import DEBUG, DEFAULT, cli_main
+from tests.conftest import CONFIGS, DEBUG, DEFAULT, cli_main
 from tests.helpers.trainers import quiet_trainer
 
 pytestmark = pytest.mark.gpu
@@ -32,6 +32,16 @@ def test_default_gpu_run_resolves_bf16(in_tmp, capsys):
     err = capsys.readouterr().err
     expected = "bf16-mixed" if torch.cuda.is_bf16_supported() else "16-mixed"
     assert f"on cuda, precision {expected}" in err
+
+
+def test_a_sharded_fit_on_one_gpu_trains_and_reports(in_tmp, capsys):
+    """configs/fsdp.yaml on one GPU: FSDP2 (one rank, NCCL), bf16-mixed, every callback."""
+    fsdp = str(CONFIGS / "fsdp.yaml")
+    assert main(["fit", "--config", DEFAULT, "--config", DEBUG, "--config", fsdp]) == 0
+    err = capsys.readouterr().err
+    assert "on cuda, precision" in err and "16-mixed" in err
+    assert err.count("fit done in") == 1
+    assert (in_tmp / "runs" / "fsdp" / "version_0" / "checkpoints" / "last.ckpt").is_dir()
 
 
 # -- StreamPrefetcher on CUDA ----------------------------------------------------------

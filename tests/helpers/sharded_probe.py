@@ -9,11 +9,14 @@ ranks gather the full weights, which rank zero saves to ``shards/final_<version>
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import lightning.pytorch as pl
 import torch
 from torch.distributed.tensor import DTensor
+
+from template.models import ImageClassifier
 
 
 class RecordParameters(pl.Callback):
@@ -39,3 +42,15 @@ class RecordParameters(pl.Callback):
         }  # every rank: full_tensor() is a collective
         if trainer.global_rank == 0:
             torch.save(full, Path("shards") / f"final_{trainer.logger.version}.pt")
+
+
+class NonFiniteFrom(ImageClassifier):
+    """The example model, whose loss turns NaN from optimizer step ``nan_from_step`` on."""
+
+    def __init__(self, nan_from_step: int = 10, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.nan_from_step = nan_from_step
+
+    def training_step(self, batch, batch_idx):
+        loss = super().training_step(batch, batch_idx)
+        return loss * math.nan if self.trainer.global_step >= self.nan_from_step else loss

@@ -258,3 +258,20 @@ def test_two_torchrun_agents_on_loopback_train_the_sharded_example(tmp_path):
     held = [json.loads((tmp_path / "shards" / f"params_rank{r}.json").read_text()) for r in (0, 1)]
     assert all(h["mesh_sizes"] == [2] for h in held)
     assert held[0]["local"] + held[1]["local"] == held[0]["full"]
+
+
+@pytest.mark.slow
+def test_a_nan_loss_on_sharded_ranks_stops_both_keeping_the_last_good_save(tmp_path):
+    result = run_entry_point(
+        [*SHARDED_DDP, "--trainer.max_epochs=3", "--trainer.limit_train_batches=8",
+         "--model=tests.helpers.sharded_probe.NonFiniteFrom", "--model.nan_from_step=10",
+         "--model.width=8"],
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 1, result.stderr[-3000:]
+    (line,) = [x for x in _said(result) if x.startswith("error:")]
+    assert "NaN or Inf at step 10" in line, line
+    saved = checkpoint_file.read_checkpoint(
+        tmp_path / "runs" / "fsdp" / "version_0" / "checkpoints" / "last.ckpt"
+    )
+    assert saved["global_step"] == 8  # the end of epoch 0: nothing after the NaN

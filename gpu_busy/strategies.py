@@ -45,6 +45,7 @@ class FullyShardedStrategy(ModelParallelStrategy):
                     "tensor parallelism use lightning's ModelParallelStrategy"
                 )
         super().__init__(data_parallel_size="auto", tensor_parallel_size=1, **kwargs)
+        self._ranks: dist.ProcessGroup | None = None  # the data-parallel group, once it exists
 
     def setup_environment(self) -> None:
         # The world is known here (the launcher or torchrun made the processes); the
@@ -61,9 +62,9 @@ class FullyShardedStrategy(ModelParallelStrategy):
 
     def broadcast_buffers(self) -> None:
         """Rank zero's floating-point buffers on every data-parallel rank."""
-        if self.model is None or self.world_size == 1:
-            return
         group = self._ranks
+        if self.model is None or group is None or self.world_size == 1:
+            return
         by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
         for buffer in self.model.buffers():
             if buffer.is_floating_point() and not isinstance(buffer, DTensor):

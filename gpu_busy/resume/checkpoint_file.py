@@ -192,13 +192,13 @@ def read_checkpoint(path: str | os.PathLike) -> dict:
     return checkpoint
 
 
+DCP_METADATA = ".metadata"  # torch.distributed.checkpoint's index of the shards
+LIGHTNING_META = "meta.pt"  # Lightning's: everything but the weights and optimizer states
+
+
 def is_sharded(path: Path) -> bool:
     """A torch.distributed.checkpoint folder (ModelParallelStrategy's, FSDPStrategy's)."""
     return path.is_dir() and (path / DCP_METADATA).is_file()
-
-
-DCP_METADATA = ".metadata"  # torch.distributed.checkpoint's index of the shards
-LIGHTNING_META = "meta.pt"  # Lightning's: everything but the weights and optimizer states
 
 
 def _read_sharded(folder: Path) -> dict:

@@ -111,10 +111,10 @@ class ImageClassifier(pl.LightningModule):
             # rank holds a stage's full weights at a time and a 1/N shard of the others,
             # of their gradients and of the optimizer's state.
             ranks = mesh["data_parallel"]
-            for stage in self.net:
+            for stage in net:
                 if isinstance(stage, torch.nn.Sequential):
                     fully_shard(stage, mesh=ranks)
-            fully_shard(self.net, mesh=ranks)
+            fully_shard(net, mesh=ranks)
         mode = self.hparams.compile
         if mode and not isinstance(self.net, torch._dynamo.OptimizedModule):
             self.net = torch.compile(self.net, mode=None if mode is True else mode)

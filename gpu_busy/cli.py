@@ -59,6 +59,7 @@ from gpu_busy.faults.log_writes import guard_log_writes
 from gpu_busy.faults.training_stopped import TrainingStopped
 from gpu_busy.log import current_rank, get_logger, setup_logging
 from gpu_busy.resume import checkpoint_file
+from gpu_busy.strategies import FullyShardedStrategy
 
 log = get_logger(__name__)
 
@@ -544,6 +545,8 @@ class TrainingCLI(LightningCLI):
         )
 
     def before_fit(self) -> None:
+        if isinstance(self.trainer.strategy, FullyShardedStrategy):
+            FullyShardedStrategy.check_model(self.model)  # once, before any rank starts
         self._check_checkpoint_fits_model()
         for callback in self.trainer.callbacks:
             if isinstance(callback, RunSummary):

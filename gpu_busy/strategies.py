@@ -29,8 +29,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from lightning.pytorch.strategies import ModelParallelStrategy
+from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torch.distributed.tensor import DTensor
+
+from gpu_busy.errors import UserError
 
 
 class FullyShardedStrategy(ModelParallelStrategy):
@@ -54,6 +57,22 @@ class FullyShardedStrategy(ModelParallelStrategy):
         super().setup_environment()
         # Once: slicing the mesh builds a sub-mesh from a host tensor (a .tolist() per call)
         self._ranks = self.device_mesh["data_parallel"].get_group()
+
+    def setup(self, trainer: Any) -> None:
+        self.check_model(self.lightning_module)
+        super().setup(trainer)
+
+    @staticmethod
+    def check_model(module: Any) -> None:
+        """Lightning's own check (the parent's ``setup``), as one line: a model that does
+        not shard itself. The entry point asks before it starts the other ranks."""
+        if module is not None and not is_overridden("configure_model", module):
+            raise UserError(
+                f"STRATEGY=fsdp: {type(module).__name__} shards nothing; give it a "
+                "configure_model() that calls torch.distributed.fsdp.fully_shard on its "
+                "repeated blocks, then on itself, over self.device_mesh['data_parallel'] (as "
+                "template/models/classifier.py does), or train it with DDP"
+            )
 
     def optimizer_step(self, *args: Any, **kwargs: Any) -> Any:
         out = super().optimizer_step(*args, **kwargs)

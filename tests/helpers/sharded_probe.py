@@ -14,9 +14,11 @@ from pathlib import Path
 
 import lightning.pytorch as pl
 import torch
+from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor
 
 from template.models import ImageClassifier
+from tests.helpers.foreign_modules import BlobClassifier, SyntheticTransformer
 
 
 class RecordParameters(pl.Callback):
@@ -54,3 +56,25 @@ class NonFiniteFrom(ImageClassifier):
     def training_step(self, batch, batch_idx):
         loss = super().training_step(batch, batch_idx)
         return loss * math.nan if self.trainer.global_step >= self.nan_from_step else loss
+
+
+class ShardedBlobClassifier(BlobClassifier):
+    """A module in the style people write (dict batches, Adam, prog_bar=True), sharded as
+    one FSDP2 unit: what configure_model takes for a model with no repeated blocks."""
+
+    def configure_model(self) -> None:
+        if self.device_mesh is not None and not isinstance(self.net, FSDPModule):
+            fully_shard(self.net, mesh=self.device_mesh["data_parallel"])
+
+
+class ShardedTransformer(SyntheticTransformer):
+    """Lightning's Transformer demo, each encoder and decoder layer one FSDP2 unit."""
+
+    def configure_model(self) -> None:
+        model = self.model.transformer
+        if self.device_mesh is None or isinstance(model, FSDPModule):
+            return
+        ranks = self.device_mesh["data_parallel"]
+        for layer in [*model.encoder.layers, *model.decoder.layers]:
+            fully_shard(layer, mesh=ranks)
+        fully_shard(self.model, mesh=ranks)

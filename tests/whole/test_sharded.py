@@ -275,3 +275,39 @@ def test_a_nan_loss_on_sharded_ranks_stops_both_keeping_the_last_good_save(tmp_p
         tmp_path / "runs" / "fsdp" / "version_0" / "checkpoints" / "last.ckpt"
     )
     assert saved["global_step"] == 8  # the end of epoch 0: nothing after the NaN
+
+
+@pytest.mark.slow
+def test_code_we_did_not_write_shards_or_is_told_why_in_one_line(tmp_path):
+    """A dict-batch module in users' style (Adam, prog_bar=True) shards and reports as the
+    example does; Lightning's BoringModel, which shards nothing, is one line before any
+    rank starts (Lightning's own check would be a traceback on every rank)."""
+    blobs = [
+        "--model=tests.helpers.sharded_probe.ShardedBlobClassifier",
+        "--data=tests.helpers.foreign_modules.BlobData",
+        "--trainer.callbacks+=tests.helpers.sharded_probe.RecordParameters",
+    ]
+    result = run_entry_point([*SHARDED_DDP, "--trainer.max_epochs=1", *blobs], cwd=tmp_path)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-3000:]
+    assert output.count("fit done in") == 1 and "over 2 process(es)" in output
+    held = [json.loads((tmp_path / "shards" / f"params_rank{r}.json").read_text()) for r in (0, 1)]
+    assert all(h["all_dtensors"] and h["mesh_sizes"] == [2] for h in held), held
+    # the module's own per-step read (Lightning's prog_bar conversion) is named at its line
+    syncs = json.loads((tmp_path / "runs" / "fsdp" / "version_0" / "syncs.json").read_text())
+    assert any(s["filename"].endswith("foreign_modules.py") and s["op"] == "Tensor.item()"
+               and s["steady_count"] for s in syncs["sites"]), syncs["sites"]  # fmt: skip
+
+    boring = run_entry_point(
+        [*SHARDED_DDP, "--model=lightning.pytorch.demos.boring_classes.BoringModel",
+         "--data=lightning.pytorch.demos.boring_classes.BoringDataModule"],
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert boring.returncode == 2, boring.stderr[-2000:]
+    assert _said(boring) == [
+        "error: STRATEGY=fsdp: BoringModel shards nothing; give it a configure_model() that "
+        "calls torch.distributed.fsdp.fully_shard on its repeated blocks, then on itself, over "
+        "self.device_mesh['data_parallel'] (as template/models/classifier.py does), or train "
+        "it with DDP"
+    ]
+    assert "Traceback" not in boring.stderr and "distributed processes" not in boring.stderr

@@ -181,9 +181,8 @@ def loads_sharded(strategy: Any) -> bool:
     if isinstance(strategy, str) and strategy in StrategyRegistry:
         strategy = StrategyRegistry[strategy]["strategy"]
     elif isinstance(strategy, str) and "." in strategy:
-        module, _, name = strategy.rpartition(".")
         try:
-            strategy = getattr(importlib.import_module(module), name)
+            strategy = _import_class(strategy)
         except (ImportError, AttributeError):
             return False
     cls = strategy if isinstance(strategy, type) else type(strategy)

@@ -13,9 +13,12 @@ example's ``ImageClassifier`` does.
 Buffers (BatchNorm's running statistics) are not sharded: FSDP2 leaves each rank its own,
 updated from its own batches, and a checkpoint keeps one rank's copy (torch's planner
 saves a replicated tensor once, from any rank). DDP instead broadcasts rank zero's
-buffers before every forward (``broadcast_buffers=True``). Here rank zero's are broadcast
-after every optimizer step, in one collective per dtype on the device (no host sync), so
-every rank evaluates with the same statistics and a checkpoint holds what every rank had.
+buffers before every forward (``broadcast_buffers=True``), so every rank's statistics are
+rank zero's, updated from its own batches. Training-mode BatchNorm normalises with the
+batch's own statistics and only writes the running ones, so they are read only where a
+model evaluates or is saved: rank zero's are broadcast there, before each validation and
+each checkpoint, one collective per dtype on the device. The same statistics as DDP's,
+with nothing added to a training step.
 
 Example (``configs/fsdp.yaml``; ``make train STRATEGY=fsdp GPUS=4``)::
 
@@ -74,10 +77,13 @@ class FullyShardedStrategy(ModelParallelStrategy):
                 "template/models/classifier.py does), or train it with DDP"
             )
 
-    def optimizer_step(self, *args: Any, **kwargs: Any) -> Any:
-        out = super().optimizer_step(*args, **kwargs)
+    def on_validation_start(self) -> None:
         self.broadcast_buffers()
-        return out
+        super().on_validation_start()
+
+    def lightning_module_state_dict(self) -> dict[str, Any]:
+        self.broadcast_buffers()  # every rank saves, and the planner keeps one rank's copy
+        return super().lightning_module_state_dict()
 
     def broadcast_buffers(self) -> None:
         """Rank zero's floating-point buffers on every data-parallel rank."""

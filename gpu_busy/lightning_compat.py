@@ -19,7 +19,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.profilers import PassThroughProfiler
 from lightning.pytorch.trainer.states import RunningStage
 
-from gpu_busy.syncs.detector import user_frame
+from gpu_busy.syncs.attribution import user_frame
 
 # The hooks Lightning calls on every callback at every batch.
 BATCH_HOOKS = (

@@ -23,7 +23,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from gpu_busy.syncs.detector import describe, detect_syncs, not_allowed
+from gpu_busy.syncs.attribution import describe, not_allowed
+from gpu_busy.syncs.detector import detect_syncs
 
 
 @pytest.fixture

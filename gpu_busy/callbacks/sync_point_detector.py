@@ -32,7 +32,9 @@ from gpu_busy import lightning_compat as compat
 from gpu_busy.callbacks.ranks import gather_objects, gather_rows, log_metrics, publish, run_dir
 from gpu_busy.log import get_logger
 from gpu_busy.report import syncs as syncs_report
-from gpu_busy.syncs.detector import OPTIMIZER_STEP, SyncDetector, held_outside_parameters
+from gpu_busy.syncs.attribution import OPTIMIZER_STEP
+from gpu_busy.syncs.detector import SyncDetector
+from gpu_busy.syncs.memory import held_outside_parameters
 from gpu_busy.syncs.rules import DDP_USED_MAP
 from gpu_busy.syncs.sampling import WatchedSums, WatchSchedule
 from gpu_busy.syncs.sites import SyncSiteTable, github_annotations, in_github_actions

@@ -12,8 +12,9 @@ Example::
     print(*rec.events, sep="\\n")
 """
 
+from gpu_busy.syncs.attribution import SyncError, SyncEvent, allow_syncs, not_allowed
 from gpu_busy.syncs.checks import assert_no_syncs
-from gpu_busy.syncs.detector import SyncError, SyncEvent, allow_syncs, detect_syncs, not_allowed
+from gpu_busy.syncs.detector import detect_syncs
 
 __all__ = [
     "SyncError", "SyncEvent", "allow_syncs", "assert_no_syncs", "detect_syncs", "not_allowed",

@@ -12,7 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from gpu_busy.syncs.detector import describe, detect_syncs, not_allowed
+from gpu_busy.syncs.attribution import describe, not_allowed
+from gpu_busy.syncs.detector import detect_syncs
 from gpu_busy.syncs.sites import github_annotations, in_github_actions
 
 T = TypeVar("T")

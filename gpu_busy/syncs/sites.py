@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 from dataclasses import asdict, dataclass, field
 
-from gpu_busy.syncs.detector import SyncEvent, _is_library, fix_for
+from gpu_busy.syncs.attribution import SyncEvent, fix_for, is_library
 
 
 def fix_hint(event: SyncEvent, chain_hints: tuple[tuple[str, str], ...] = ()) -> str:
@@ -179,7 +179,7 @@ def github_annotations(items: list[SyncSite] | list[SyncEvent]) -> list[str]:
     (not libraries, not allowed ones), so that they show on the pull request's diff."""
     lines = []
     for item in items:
-        if item.allowed or item.filename.startswith("<") or _is_library(item.filename):
+        if item.allowed or item.filename.startswith("<") or is_library(item.filename):
             continue
         count = f"{item.count}x " if isinstance(item, SyncSite) else ""
         path = item.location.rsplit(":", 1)[0]  # relative to the working directory

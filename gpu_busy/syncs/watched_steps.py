@@ -29,7 +29,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from gpu_busy.syncs.detector import SyncDetector, SyncEvent
+from gpu_busy.syncs.attribution import SyncEvent
+from gpu_busy.syncs.detector import SyncDetector
 from gpu_busy.syncs.sampling import WatchSchedule
 
 

@@ -77,7 +77,7 @@ SLURM_TWO_TASKS = {
 def test_slurm_tasks_started_without_srun_are_one_line(clean_env):
     """A batch script's plain `python ...` under --ntasks=2: Lightning would wait forever
     for the second task at "Initializing distributed"."""
-    from gpu_busy.cli import check_slurm_launch
+    from gpu_busy.cli.preflight import check_slurm_launch
     from gpu_busy.errors import UserError
 
     for name, value in SLURM_TWO_TASKS.items():

@@ -39,7 +39,7 @@ import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
 from gpu_busy import cuda_sync_warnings
-from gpu_busy.syncs import detector
+from gpu_busy.syncs import layers
 
 MESSAGE = "An output with one or more elements was resized"
 
@@ -105,7 +105,7 @@ def install() -> Iterator[StandIn]:
     standin = StandIn()
     _current = standin
     saved_mode = cuda_sync_warnings.DEBUG_MODE
-    saved_targets = detector._SynchronizeHooks.__dict__["_targets"]
+    saved_targets = layers.SynchronizeHooks.__dict__["_targets"]
     lib = torch.library.Library("aten", "IMPL")
     try:
         lib.impl("_local_scalar_dense", _local_scalar_dense, "CPU")
@@ -116,10 +116,10 @@ def install() -> Iterator[StandIn]:
             out = saved_targets.__func__(cls)
             return [*out, (StandInStream, "synchronize", "Stream.synchronize()", "cpu")]
 
-        detector._SynchronizeHooks._targets = classmethod(targets)
+        layers.SynchronizeHooks._targets = classmethod(targets)
         yield standin
     finally:
-        detector._SynchronizeHooks._targets = saved_targets
+        layers.SynchronizeHooks._targets = saved_targets
         cuda_sync_warnings.DEBUG_MODE = saved_mode
         lib._destroy()
         _current = None

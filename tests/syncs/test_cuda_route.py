@@ -289,11 +289,11 @@ def test_a_warning_heard_past_every_call_is_named_beyond_the_warning_route():
     import os
 
     from gpu_busy import cuda_sync_warnings as hook_module
-    from gpu_busy.syncs import detector as detector_module
+    from gpu_busy.syncs import attribution
 
     site = os.path.dirname(os.path.dirname(os.path.abspath(torch.__file__)))
     loop_file = os.path.join(site, "lightning", "pytorch", "trainer", "a_loop.py")
-    scope: dict = {"event_here": detector_module._event_here}
+    scope: dict = {"event_here": attribution.event_here}
     exec(compile("def hear():\n    return event_here('a CUDA sync', 'between steps', None)\n",
                  os.path.abspath(hook_module.__file__), "exec"), scope)  # fmt: skip
     exec(compile("def loop():\n    return hear()\n", loop_file, "exec"), scope)

@@ -12,8 +12,8 @@ from lightning.pytorch.loggers import CSVLogger
 
 from gpu_busy.callbacks import SyncPointDetector
 from gpu_busy.syncs import detect_syncs
+from gpu_busy.syncs.attribution import SyncEvent
 from gpu_busy.syncs.costs import SyncTimeline
-from gpu_busy.syncs.detector import SyncEvent
 from gpu_busy.syncs.sites import SyncSiteTable
 from tests.helpers.bound_runs import WideBlobClassifier
 from tests.helpers.foreign_modules import BlobData

@@ -461,7 +461,7 @@ def test_under_ddp_the_report_says_which_figures_are_per_rank_and_which_are_summ
     # A 2-rank report once printed "96 of 96 training batches watched" over site counts of
     # 192x, with nothing to say the first is one rank's and the second both ranks'.
     from gpu_busy.report.syncs import end_of_fit
-    from gpu_busy.syncs.detector import SyncEvent
+    from gpu_busy.syncs.attribution import SyncEvent
     from gpu_busy.syncs.sampling import WatchedSums
     from gpu_busy.syncs.sites import SyncSiteTable
 
@@ -530,7 +530,7 @@ def test_tensors_made_in_init_outside_parameters_are_host_memory_in_the_simulati
     (site,) = [s for s in detector.table.sites.values() if "torch.cat(self.examples)" in s.code]
     assert site.count == 6 and "copy" in site.op.lower(), site.op
     # torchmetrics' states are moved by its own _apply: still device memory, no sync
-    from gpu_busy.syncs.detector import held_outside_parameters
+    from gpu_busy.syncs.memory import held_outside_parameters
 
     held = held_outside_parameters(ReplayBuffer(width=4))
     assert len(held) == 5  # the four examples and the plain tensor; no metric state

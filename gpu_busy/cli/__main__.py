@@ -1,0 +1,5 @@
+import sys
+
+from gpu_busy.cli.run import main
+
+sys.exit(main())

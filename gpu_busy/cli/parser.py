@@ -1,0 +1,275 @@
+"""``TrainingCLI``: LightningCLI with this command line's checks and checkpoint handling."""
+
+from __future__ import annotations
+
+import re
+import sys
+import warnings
+from pathlib import Path
+from typing import Any, ClassVar
+
+from lightning.fabric.utilities.exceptions import MisconfigurationException
+from lightning.pytorch.cli import LightningCLI
+
+from gpu_busy.callbacks.run_summary import RunSummary
+from gpu_busy.cli.carried import leave_out_carried
+from gpu_busy.cli.checkpoints import (
+    checkpoint_folders,
+    evaluation_dir,
+    find_checkpoint,
+    fixed_version,
+    loads_sharded,
+    read_checkpoint,
+    replaced_hyperparameters,
+    save_predictions,
+    write_into,
+)
+from gpu_busy.cli.error_lines import cause_of, one_line
+from gpu_busy.cli.preflight import (
+    check_devices,
+    check_master_port,
+    check_slurm_launch,
+    check_writable,
+    resolve_precision,
+)
+from gpu_busy.errors import UserError
+from gpu_busy.faults.log_writes import guard_log_writes
+from gpu_busy.log import current_rank, get_logger
+from gpu_busy.resume import checkpoint_file
+from gpu_busy.strategies import FullyShardedStrategy
+
+log = get_logger(__name__)
+
+
+class TrainingCLI(LightningCLI):
+    left_out: tuple[str, ...] | list[str] = ()  # parse_arguments: settings not carried over
+    # The checkpoint this run resumes, once resolved: main names it when its restore fails.
+    resuming: ClassVar[Path | None] = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        given = kwargs.get("args")
+        given = sys.argv[1:] if given is None else given
+        self._asked = given[0] if isinstance(given, list | tuple) and given else None
+        super().__init__(*args, **kwargs)
+
+    def subcommands(self) -> dict[str, set[str]]:
+        """Only the subcommand asked for: jsonargparse reads every signature to build each
+        subcommand's parser (0.15 s apiece on a 2-core CPU, a third of the start-up). All
+        four where none is named first (help, a misspelt one)."""
+        every = LightningCLI.subcommands()
+        return {self._asked: every[self._asked]} if self._asked in every else every
+
+    def add_arguments_to_parser(self, parser) -> None:
+        # The DataModule knows its classes (for an image folder, after scanning it). Applied
+        # only where the model takes num_classes and the DataModule has it.
+        parser.link_arguments(
+            "data.num_classes", "model.init_args.num_classes", apply_on="instantiate"
+        )
+
+    def parse_arguments(self, parser, args) -> None:
+        super().parse_arguments(parser, args)
+        subcommand = self.config.get("subcommand")
+        config = self.config[subcommand] if subcommand else None
+        raw = list(sys.argv[1:] if args is None else args)
+        self.left_out = []  # one line per group, repeated in the end-of-fit summary
+        for group in ("model", "data"):
+            line = leave_out_carried(group, config.get(group) if config else None, raw)
+            if line:
+                log.warning("%s", line)
+                self.left_out.append(line)
+        # Resolved and checked before LightningCLI reads the file's hyperparameters.
+        self.checkpoint = None
+        wanted = config.get("ckpt_path") if config else None
+        if not wanted or wanted in ("hpc", "registry"):
+            return
+        training = subcommand == "fit"
+        if wanted in ("last", "best"):
+            found = find_checkpoint(wanted, config.trainer, training=training)
+            if found is None:
+                root, _ = checkpoint_folders(config.trainer)
+                if not training:
+                    raise UserError(f"--ckpt_path last: no last.ckpt under {root}")
+                log.warning("--ckpt_path last: no last.ckpt under %s; training from scratch", root)
+                config.ckpt_path = None
+                return
+            path, checkpoint = found
+            config.ckpt_path = str(path)
+        else:
+            path, checkpoint = Path(wanted).expanduser(), read_checkpoint(wanted)
+            problem = checkpoint_file.resume_problem(checkpoint, path, training=training)
+            if problem:
+                raise UserError(problem)
+        if checkpoint_file.is_sharded(path) and not loads_sharded(config.trainer.get("strategy")):
+            raise UserError(
+                f"{path} is a sharded checkpoint (a torch.distributed.checkpoint folder, one "
+                "file per rank): load it with a sharding strategy, STRATEGY=fsdp (--config "
+                "configs/fsdp.yaml), on any number of ranks"
+            )
+        self.checkpoint = (path, checkpoint)
+        TrainingCLI.resuming = path
+        if not training:
+            log.info(
+                "evaluating checkpoint %s; output in %s", path, evaluation_dir(path, subcommand)
+            )
+        elif config.trainer.get("logger") is False:
+            log.info("resuming from %s", path)
+        elif fixed_version(config.trainer.get("logger")) is not None:
+            # A scheduler's fixed version reopens the run's own directory; before_fit keeps
+            # the metrics Lightning's CSV writer would delete there.
+            log.info(
+                "resuming from %s into the same version directory (the logger's version is "
+                "fixed); the metrics of the steps before it are kept in its metrics.csv",
+                path,
+            )
+        else:
+            log.info(
+                "resuming from %s into a new version directory; the metrics of the steps "
+                "before it stay in %s",
+                path,
+                path.parent.parent,
+            )
+        replaced = replaced_hyperparameters(config.model, checkpoint)
+        if replaced:
+            log.warning(
+                "the checkpoint's own hyperparameters replace this run's, so its weights fit: "
+                "%s. To train with other values, start a new run",
+                ", ".join(replaced),
+            )
+
+    def before_instantiate_classes(self) -> None:
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        trainer = config.trainer
+        accelerator = str(trainer.accelerator)
+        check_devices(accelerator, trainer.devices)
+        check_master_port(accelerator, trainer.devices, trainer.get("num_nodes"))
+        check_slurm_launch()
+        accumulate = trainer.get("accumulate_grad_batches")
+        if not isinstance(accumulate, int) or accumulate < 1:
+            raise UserError(
+                f"trainer.accumulate_grad_batches must be 1 or more, got {accumulate!r}"
+            )
+        if trainer.precision is None:
+            trainer.precision = resolve_precision(accelerator)
+        if self.subcommand != "fit" and getattr(self, "checkpoint", None) is not None:
+            out = evaluation_dir(self.checkpoint[0], self.subcommand)
+            write_into(trainer.get("logger"), out)
+            trainer.default_root_dir = str(out)
+            # Restoring a fit's checkpoint into an evaluation: the callbacks' save folders
+            # differ by design, and nothing is saved.
+            warnings.filterwarnings("ignore", message=r"The dirpath has changed from")
+        if not trainer.get("default_root_dir"):
+            # Where Lightning's SLURM requeue (SIGUSR1) saves hpc_ckpt_N.ckpt and looks for
+            # it again: the run's own folder, where --ckpt_path last finds it, not the
+            # working directory.
+            trainer.default_root_dir = str(checkpoint_folders(trainer)[0])
+        limit = trainer.get("limit_train_batches")
+        if self.subcommand == "fit" and limit is not None and limit <= 0:
+            raise UserError(
+                f"trainer.limit_train_batches={limit:g} trains nothing; give a number of batches "
+                "or a fraction of the epoch above 0"
+            )
+        clip = trainer.get("gradient_clip_val")
+        if clip is not None and clip < 0:
+            raise UserError(
+                "trainer.gradient_clip_val must be 0 or more (0 or null: no clipping), "
+                f"got {clip:g}"
+            )
+
+    def instantiate_classes(self) -> None:
+        """The classes the config names refuse a value (an invalid strategy name, a missing
+        accelerator package, a constructor's check): one line, not a traceback."""
+        try:
+            super().instantiate_classes()
+        except (UserError, MisconfigurationException):
+            raise
+        except (ValueError, TypeError, ImportError) as e:
+            found = cause_of(e, UserError)
+            if found is not None:
+                raise found from None
+            chain = [e]
+            while chain[-1].__cause__ or chain[-1].__context__:
+                chain.append(chain[-1].__cause__ or chain[-1].__context__)
+            root = chain[-1]
+            # Older jsonargparse keeps a constructor's error only as text, in the list of
+            # reasons each type of a union (class or None) refused the value.
+            pattern = r"^\s*- (.+?:)?\s*\n?\s*(\S.*)$"  # "- reason", or "- where:" then reason
+            reasons = [
+                f"{where or ''} {reason}".strip()
+                for error in chain
+                for where, reason in re.findall(pattern, str(error), flags=re.MULTILINE)
+                if not reason.startswith("Expected a <class 'NoneType'>")
+            ]
+            message = reasons[0] if reasons else f"{type(root).__name__}: {one_line(root)}"
+            raise UserError(
+                "building the trainer, model or data from the config failed "
+                f"({' '.join(message.split())[:240]})"
+            ) from e
+
+    def _check_checkpoint_fits_model(self) -> None:
+        """Shapes compared before Lightning loads the weights (a size mismatch inside fit
+        is a traceback), naming the settings that differ, such as a linked class count."""
+        if self.checkpoint is None:
+            return
+        path, checkpoint = self.checkpoint
+        saved, here = checkpoint["state_dict"], self.model.state_dict()
+        missing, extra = sorted(set(here) - set(saved)), sorted(set(saved) - set(here))
+        if missing or extra:
+            parts = []
+            if missing:
+                parts.append(
+                    f"{len(missing)} tensor(s) of this model missing there ({missing[0]}, ...)"
+                )
+            if extra:
+                parts.append(f"{len(extra)} there that this model lacks ({extra[0]}, ...)")
+            raise UserError(
+                f"{path} does not fit this model: {'; '.join(parts)}; resume it with its own "
+                "model, or start a new run"
+            )
+        differ = checkpoint_file.shape_mismatches(saved, here)
+        if not differ:
+            return
+        name, saved, here = differ[0]
+        settings = [
+            f"{key}={value!r} there, {self.model.hparams[key]!r} here"
+            for key, value in (checkpoint.get("hyper_parameters") or {}).items()
+            if key in self.model.hparams and self.model.hparams[key] != value
+        ]
+        because = f"; its settings differ: {', '.join(settings)}" if settings else ""
+        raise UserError(
+            f"{path} does not fit this model: {name} is {saved} there and {here} here "
+            f"({len(differ)} tensor(s) differ{because}); resume it with its own model and "
+            "data, or start a new run"
+        )
+
+    def before_fit(self) -> None:
+        if isinstance(self.trainer.strategy, FullyShardedStrategy):
+            FullyShardedStrategy.check_model(self.model)  # once, before any rank starts
+        self._check_checkpoint_fits_model()
+        for callback in self.trainer.callbacks:
+            if isinstance(callback, RunSummary):
+                callback.notes = list(self.left_out)  # said again under the summary
+        logger = self.trainer.logger
+        root = Path(logger.root_dir) if logger is not None else Path(self.trainer.default_root_dir)
+        check_writable(root)
+        guard_log_writes(self.trainer.loggers)
+        if self.checkpoint is not None and logger is not None and current_rank() == 0:
+            step = int(self.checkpoint[1].get("global_step") or 0)
+            checkpoint_file.keep_earlier_metrics(logger, up_to_step=step)
+
+    before_validate = before_test = before_predict = _check_checkpoint_fits_model
+
+    def after_predict(self) -> None:
+        predictions = self.trainer.predict_loop.predictions
+        if not predictions:
+            return
+        folder = (
+            evaluation_dir(self.checkpoint[0], "predict")
+            if self.checkpoint is not None
+            else Path(self.trainer.default_root_dir)
+        )
+        world = self.trainer.world_size
+        # Under DDP each rank predicts every world_size-th sample (Lightning's
+        # DistributedSampler, unshuffled): rank r's file holds samples r, r + world, ...
+        name = "predictions.pt" if world == 1 else f"predictions.rank{self.trainer.global_rank}.pt"
+        what = save_predictions(predictions, folder / name)
+        log.info("predict: %s written to %s (torch.load it)", what, folder / name)

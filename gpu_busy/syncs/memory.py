@@ -1,0 +1,226 @@
+"""The CPU simulation's memory: which tensors a GPU run would hold on the device.
+
+On a machine without the GPU every tensor is a CPU tensor. ``HostMemory`` keeps the ones a
+GPU run would hold on the host (made without ``device=``, moved with ``.cpu()``, computed
+from host tensors alone, a batch before it is moved), so that a read of one is no sync
+and a read of any other is. ``SyncDetector`` is one; on a GPU it asks the tensor itself.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import sys
+from typing import Any
+
+import torch
+from torch.utils.weak import WeakIdKeyDictionary
+
+from gpu_busy.syncs.attribution import TORCH_DIR
+from gpu_busy.syncs.rules import FACTORIES, DeviceTypeName, means_host, move_target
+
+COPY = torch.ops.aten.copy_.default
+
+
+class HostMemory:
+    """Which tensors are device memory: on a GPU, those on it; simulated on the CPU
+    (``device_type="cpu"``), every tensor but those known to live on the host."""
+
+    def __init__(self, device_type: str) -> None:
+        self.device_type = torch.device(device_type).type
+        # On a machine without the device, its tensors are CPU tensors: the simulation.
+        self.simulating = self.device_type == "cpu"
+        self._host = WeakIdKeyDictionary()  # simulation: tensors that live on the host
+        self._mirrors: dict[int, tuple[str, str]] = {}  # see copies_to_host
+
+    @property
+    def active(self) -> bool:
+        return False  # a detector is, while entered: batches handed over are marked then
+
+    def on_device(self, value: Any) -> bool:
+        """Whether ``value`` is device memory, the one question every rule asks.
+
+        On a GPU: a tensor on it. In the CPU simulation: a CPU tensor that a GPU run would
+        hold on the device, i.e. any tensor except those made on the host while watching: a
+        factory call without ``device=`` (or with the string ``"cpu"``), ``.cpu()``,
+        ``.to("cpu")``, whatever is computed from host tensors alone, and what
+        ``mark_host`` was given (an optimizer's step counters). A read of a host tensor is
+        no sync; a blocking copy of one to the device is.
+        """
+        return (
+            isinstance(value, torch.Tensor)
+            and value.device.type == self.device_type
+            and not (self.simulating and value in self._host)
+        )
+
+    def mark_host(self, *tensors: Any) -> None:
+        """In the CPU simulation, count these tensors as host memory."""
+        if self.simulating:
+            self._put(list(tensors), on_host=True)
+
+    def batch_from_host(self, batch: Any) -> None:
+        """In the simulation, a batch the DataLoader handed over is host memory, as it is on
+        a GPU until something moves it: its tensors, in collections and in a batch object's
+        attributes, are marked host. A move to the device returns a device tensor
+        (``place``); a blocking one is a sync, as a batch class's ``.to`` is on a GPU."""
+        if self.simulating and self.active:
+            self.mark_host(*held_tensors(batch))
+
+    def copies_to_host(self, tensor: torch.Tensor, label: str, hint: str) -> None:
+        """``tensor`` is device memory that a library copies into a host tensor of its own
+        (``copy_`` in C++, then host reads of that copy): each such copy is one event,
+        ``label`` with ``hint``, and in the CPU simulation its destination is host memory.
+        DDP's reducer does this with its used-parameter map under
+        ``find_unused_parameters=True``: one blocking copy per backward on a GPU."""
+        self._mirrors[tensor.data_ptr()] = (label, hint)
+
+    def host_mirror_of(self, func: Any, args: tuple) -> tuple[str, str] | None:
+        """The (label, hint) of a ``copy_`` out of a tensor given to ``copies_to_host``."""
+        if not self._mirrors or func is not COPY or len(args) < 2:
+            return None
+        src = args[1]
+        return self._mirrors.get(src.data_ptr()) if isinstance(src, torch.Tensor) else None
+
+    def follow_mirror(self, args: tuple) -> None:
+        """In the simulation, the library's own copy on the other side of a mirrored
+        device tensor (what it copies into it, and out of it) is host memory."""
+        dst, src = args[0], args[1]
+        if src.data_ptr() in self._mirrors:
+            self.mark_host(dst)
+        elif dst.data_ptr() in self._mirrors:
+            self.mark_host(src)
+
+    def follow_inputs(self, args: tuple, kwargs: dict, out: Any) -> None:
+        """What is computed from host tensors alone is on the host."""
+        inputs = tensors_of(args, kwargs)
+        if inputs and all(t in self._host for t in inputs):
+            self.mark_host(*flat(out))
+
+    def place(self, func: Any, args: tuple, kwargs: dict, out: Any) -> Any:
+        """Where a Python-level call put its result, the host or the device; returns the
+        result. A move (``.cpu()``, ``.to(...)``, ``.type_as(...)``) of a CPU tensor that
+        is already where it goes returns the tensor itself: the simulation hands back a
+        view of it instead (a new tensor, as on a GPU, with the same values and autograd),
+        so that marking the result leaves the source where it was. ``p.data = t`` (how
+        ``Module.to`` moves parameters) puts ``p`` where ``t`` is."""
+        target = move_target(self, func, args, kwargs)
+        if target is not None:
+            on_host = target
+        elif func in FACTORIES and not excused():
+            device = kwargs.get("device")
+            on_host = device is None or means_host(self, device)
+        elif sets_data(func) and len(args) == 2 and isinstance(args[1], torch.Tensor):
+            self._put(args[0], args[1] in self._host)
+            return out
+        elif func is torch.Tensor.type and isinstance(out, str) and self.on_device(args[0]):
+            return DeviceTypeName(out)  # what x.type() names on a GPU: a device type
+        else:
+            return out
+        if isinstance(out, torch.Tensor) and args and out is args[0]:
+            if on_host == (out in self._host):
+                return out  # already where it goes: no copy on a GPU either
+            out = out.view_as(out)
+        self._put(out, on_host)
+        return out
+
+    def _put(self, out: Any, on_host: bool) -> None:
+        for t in flat(out):
+            if on_host:
+                self._host[t] = True
+            else:
+                self._host.pop(t, None)
+
+
+def tensors_of(args: tuple, kwargs: dict) -> list[torch.Tensor]:
+    """The tensor arguments of a call, one level into lists and tuples."""
+    out = []
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, torch.Tensor):
+            out.append(a)
+        elif isinstance(a, list | tuple):
+            out.extend(x for x in a if isinstance(x, torch.Tensor))
+    return out
+
+
+def held_tensors(obj: Any, depth: int = 4, seen: set[int] | None = None) -> list[torch.Tensor]:
+    """The tensors ``obj`` holds: itself, or inside dicts, sequences and an object's
+    attributes (a batch class), ``depth`` levels down. (``apply_to_collection`` stops at
+    a batch class, whose tensors are what its own ``.to`` copies.)"""
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    seen = set() if seen is None else seen
+    if depth == 0 or id(obj) in seen or isinstance(obj, str | bytes | int | float | bool):
+        return []
+    seen.add(id(obj))
+    if isinstance(obj, dict):
+        items = list(obj.values())
+    elif isinstance(obj, list | tuple | set | frozenset):
+        items = list(obj)
+    else:
+        items = list(getattr(obj, "__dict__", {}).values())
+    return [t for item in items for t in held_tensors(item, depth - 1, seen)]
+
+
+def held_outside_parameters(module: torch.nn.Module) -> list[torch.Tensor]:
+    """The tensors a module and its submodules keep as plain attributes, in lists, dicts and
+    deques too (a replay buffer's first entries, torchvision's cell anchors). ``Module.to``
+    moves only parameters and buffers (torch/nn/modules/module.py, ``Module._apply``), so on
+    a GPU these stay on the host where ``__init__`` made them. A module class with its own
+    ``_apply`` (a torchmetrics ``Metric`` moves its states there) is left out: it may move
+    them."""
+    out: list[torch.Tensor] = []
+
+    def walk(value: Any, depth: int) -> None:
+        if isinstance(value, torch.Tensor) and not isinstance(value, torch.nn.Parameter):
+            out.append(value)
+        elif depth and isinstance(value, dict):
+            for v in value.values():
+                walk(v, depth - 1)
+        elif depth and isinstance(value, list | tuple | set | frozenset | collections.deque):
+            for v in value:
+                walk(v, depth - 1)
+
+    for m in module.modules():
+        if type(m)._apply is not torch.nn.Module._apply:
+            continue
+        for name, value in vars(m).items():
+            if name not in ("_parameters", "_buffers", "_modules"):
+                walk(value, depth=3)
+    return out
+
+
+def flat(out: Any) -> list[torch.Tensor]:
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, list | tuple):
+        return [x for x in out if isinstance(x, torch.Tensor)]
+    return []
+
+
+_DATA_DIR = os.path.join(TORCH_DIR, "utils", "data", "")
+
+
+def excused() -> bool:
+    """What the CPU simulation sees that a GPU run does not do, decided in this one place:
+    the DataLoader's own work (num_workers=0), which handles host tensors on any machine.
+
+    Reads of host tensors are not excused here: ``SyncDetector.on_device`` never calls
+    them device memory in the first place. Lightning's batch transfer is not excused
+    either: ``lightning_compat.moves_to_the_cpu_as_to_cuda`` makes it pass the
+    ``non_blocking`` it passes on CUDA, and a batch class's own ``.to`` decides as it does
+    on a GPU.
+    """
+    frame = sys._getframe(2)
+    while frame is not None:
+        if frame.f_code.co_filename.startswith(_DATA_DIR):
+            return True
+        frame = frame.f_back
+    return False
+
+
+_DATA = torch._C.TensorBase.__dict__["data"]
+
+
+def sets_data(func: Any) -> bool:
+    """``tensor.data = other``, as the function layer sees it (a bound descriptor setter)."""
+    return getattr(func, "__self__", None) is _DATA and getattr(func, "__name__", "") == "__set__"

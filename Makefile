@@ -20,6 +20,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+OLDEST_JSONARGPARSE := $(VENV)/oldest-jsonargparse
 
 DEFAULT_CONFIG := configs/default.yaml
 # An overlay applied on top of the default config.
@@ -73,6 +74,11 @@ $(STAMP): pyproject.toml $(LOCK)
 	$(PY) -m pip install --quiet $(INSTALL_FROM) uv $(if $(LOCK),-c $(LOCK))
 	$(VENV)/bin/uv pip install --quiet --python $(PY) $(INSTALL_FROM) \
 	  -e '.[template,dev]' $(if $(LOCK),-c $(LOCK))
+	@# The oldest jsonargparse pyproject.toml allows, beside the locked one: the command line's
+	@# one-line errors are tested on both (tests/cli/test_jsonargparse_bounds.py).
+	$(VENV)/bin/uv pip install --quiet --python $(PY) $(INSTALL_FROM) --no-deps \
+	  --target $(OLDEST_JSONARGPARSE) "jsonargparse==$$(sed -n 's/.*"jsonargparse\[signatures\]>=\([0-9.]*\)".*/\1/p' pyproject.toml)" \
+	  || echo "warning: the oldest jsonargparse did not install; its bound's tests will say so"
 	@# Bytecode now, once: uv leaves it to the first import, and where PYTHONDONTWRITEBYTECODE
 	@# is set every process compiles torch and Lightning again (15 s of each start on 2 cores).
 	@# A package's files that do not compile (test data) fail here as they would on import.

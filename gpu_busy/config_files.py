@@ -1,14 +1,14 @@
 """The config files on a command line, checked with nothing heavier than a YAML parser.
 
 An entry point (``template/train.py``) runs ``check_config_files`` before it imports torch
-and Lightning (about 10 s), so a broken file is one line at once; ``key_origin`` and
-``close_match`` turn jsonargparse's "option not accepted" into a line that names the file
-and the likely key (``gpu_busy.cli``).
+and Lightning (about 10 s), so a broken file is one line at once; ``class_sections`` and
+``close_match`` let the command line name the file and the likely key of a setting it
+refuses (``gpu_busy.cli.keys``).
 
 Example::
 
     check_config_files(["fit", "--config", "configs/default.yaml"])   # UserError if broken
-    key_origin("trainer.max_epoch", args)   # "configs/mine.yaml", or "the command line"
+    class_sections("model", args)   # (file, the class it was set for, {name: value}), ...
     close_match("max_epoch", ["max_epochs", "min_epochs"])   # "max_epochs"
 """
 
@@ -73,34 +73,7 @@ def check_config_files(args: list[str]) -> None:
     """Each ``--config`` file must parse as YAML; jsonargparse's own error does not say which
     of several files it is in."""
     for file in config_files(args, existing=False):
-        if not file.is_file():
-            folder = file.parent
-            there = sorted(p.name for p in folder.glob("*.yaml")) if folder.is_dir() else []
-            choices = f" ({folder} has {', '.join(there)})" if there else ""
-            raise UserError(f"config file {file}: File does not exist{choices}")
-        try:
-            text = file.read_text()
-            values = _expanded_size(yaml.compose(text, Loader=yaml.SafeLoader))
-            if values > MAX_CONFIG_VALUES:
-                raise UserError(
-                    f"{file} expands to more than {MAX_CONFIG_VALUES:,} values through YAML "
-                    "aliases (*name); write the config out, or alias less"
-                )
-            loaded = yaml.safe_load(text)
-        except yaml.YAMLError as e:
-            mark = getattr(e, "problem_mark", None)
-            where = f", line {mark.line + 1} column {mark.column + 1}" if mark else ""
-            problem = getattr(e, "problem", None) or " ".join(str(e).split())
-            raise UserError(f"{file}{where}: {problem}; fix the YAML there") from None
-        except (OSError, UnicodeDecodeError) as e:
-            raise UserError(f"cannot read config {file}: {e}") from None
-        if loaded is not None and not isinstance(loaded, dict):
-            shown = " ".join(str(loaded).split())
-            shown = shown if len(shown) <= 40 else shown[:37] + "..."
-            raise UserError(
-                f"{file} holds {type(loaded).__name__} {shown!r}, not settings: a config file "
-                "maps keys to values (trainer:, model:, data:); see configs/default.yaml"
-            )
+        _check_config_file(file)
     for group in ("model", "data"):
         path = named_class_path(group, args)
         problem = path and class_path_problem(path)
@@ -108,31 +81,75 @@ def check_config_files(args: list[str]) -> None:
             raise UserError(f"{group}.class_path {path}: {problem}")
 
 
-def group_sections(group: str, args: list[str]) -> Iterator[object]:
-    """Each ``--config`` file's section for ``group`` ("model", "data"), in order; a file
-    that does not parse is left out (``check_config_files`` has said so)."""
+def _check_config_file(file: Path) -> None:
+    if not file.is_file():
+        folder = file.parent
+        there = sorted(p.name for p in folder.glob("*.yaml")) if folder.is_dir() else []
+        choices = f" ({folder} has {', '.join(there)})" if there else ""
+        raise UserError(f"config file {file}: File does not exist{choices}")
+    try:
+        text = file.read_text()
+        values = _expanded_size(yaml.compose(text, Loader=yaml.SafeLoader))
+        if values > MAX_CONFIG_VALUES:
+            raise UserError(
+                f"{file} expands to more than {MAX_CONFIG_VALUES:,} values through YAML "
+                "aliases (*name); write the config out, or alias less"
+            )
+        loaded = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f", line {mark.line + 1} column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or " ".join(str(e).split())
+        raise UserError(f"{file}{where}: {problem}; fix the YAML there") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"cannot read config {file}: {e}") from None
+    if loaded is not None and not isinstance(loaded, dict):
+        shown = " ".join(str(loaded).split())
+        shown = shown if len(shown) <= 40 else shown[:37] + "..."
+        raise UserError(
+            f"{file} holds {type(loaded).__name__} {shown!r}, not settings: a config file "
+            "maps keys to values (trainer:, model:, data:); see configs/default.yaml"
+        )
+
+
+def group_sections(group: str, args: list[str]) -> Iterator[tuple[Path, object]]:
+    """Each ``--config`` file with its section for ``group`` ("model", "data"), in order; a
+    file that does not parse is left out (``check_config_files`` has said so)."""
     for file in config_files(args):
         try:
             section = (yaml.safe_load(file.read_text()) or {}).get(group)
         except (OSError, yaml.YAMLError, AttributeError):
             continue
-        yield section
+        yield file, section
+
+
+def class_sections(group: str, args: list[str]) -> Iterator[tuple[Path, str | None, dict]]:
+    """Each ``--config`` file's settings for ``group``'s class, with the class they were set
+    for: the file's ``class_path``, else the last one an earlier file named (None before
+    any). ``init_args`` and settings given beside ``class_path`` alike."""
+    current = None
+    for file, section in group_sections(group, args):
+        if isinstance(section, str):  # model: my.Model
+            current = section
+        if not isinstance(section, dict):
+            continue
+        current = section.get("class_path", current)
+        init = section.get("init_args")
+        own = {k: v for k, v in section.items() if k not in ("class_path", "init_args")}
+        yield file, current, {**own, **(init if isinstance(init, dict) else {})}
 
 
 def named_class_path(group: str, args: list[str]) -> str | None:
     """The class ``group`` ends up with: the command line's class_path, else the last
     config file's that names one."""
     path = None
-    for section in group_sections(group, args):
-        if isinstance(section, dict) and isinstance(section.get("class_path"), str):
-            path = section["class_path"]
-        elif isinstance(section, str):
-            path = section
+    for _, current, _ in class_sections(group, args):
+        path = current
     for arg in args:
         for prefix in (f"--{group}.class_path=", f"--{group}="):
             if arg.startswith(prefix):
                 path = arg[len(prefix) :]
-    return path if path and "." in path and path not in ("null", "None") else None
+    return path if isinstance(path, str) and "." in path and path not in ("null", "None") else None
 
 
 def class_path_problem(path: str) -> str | None:
@@ -151,52 +168,32 @@ def class_path_problem(path: str) -> str | None:
         except Exception:
             return None
         if depth == len(parts):
-            if hasattr(module, name):
-                return None
-            names = [n for n, v in vars(module).items() if isinstance(v, type)]
-            near = close_match(name, names)
-            hint = f"; did you mean {module_name}.{near}?" if near else ""
-            return f"module {module_name} has no {name}{hint}"
-        missing = parts[depth]
-        found = getattr(module, "__path__", None)
-        subs = [m.name for m in pkgutil.iter_modules(found)] if found else []
-        near = close_match(missing, subs)
-        fixed = ".".join([*parts[:depth], near, *parts[depth + 1 :], name]) if near else None
-        hint = f"; did you mean {fixed}?" if fixed else ""
-        return f"no module named {'.'.join(parts[: depth + 1])}{hint}"
+            return _missing_class(module, module_name, name)
+        return _missing_module(module, parts, depth, name)
     # Among every installed top-level name only a near twin is a likely meaning.
     near = close_match(parts[0], [m.name for m in pkgutil.iter_modules()], cutoff=0.8)
     hint = f"; did you mean {'.'.join([near, *parts[1:], name])}?" if near else ""
     return f"no module named {parts[0]}{hint}"
 
 
-def _dotted_keys(tree: object, prefix: str = "") -> Iterable[str]:
-    if isinstance(tree, dict):
-        for key, value in tree.items():
-            path = f"{prefix}{key}"
-            yield path
-            yield from _dotted_keys(value, f"{path}.")
+def _missing_class(module: object, module_name: str, name: str) -> str | None:
+    if hasattr(module, name):
+        return None
+    names = [n for n, v in vars(module).items() if isinstance(v, type)]
+    near = close_match(name, names)
+    hint = f"; did you mean {module_name}.{near}?" if near else ""
+    return f"module {module_name} has no {name}{hint}"
 
 
-def key_origin(key: str, args: list[str]) -> str | None:
-    """Which config file sets the dotted ``key`` (``init_args`` levels ignored), the last
-    one that does; "the command line" for ``--key``; None when neither is found."""
-
-    def plain(k: str) -> str:
-        return k.replace(".init_args.", ".")
-
-    wanted = plain(key)
-    if any(a.split("=", 1)[0].lstrip("-").replace(".init_args.", ".") == wanted for a in args):
-        return "the command line"
-    found = None
-    for file in config_files(args):
-        try:
-            tree = yaml.safe_load(file.read_text())
-        except (OSError, yaml.YAMLError):
-            continue
-        if any(plain(k) == wanted for k in _dotted_keys(tree)):
-            found = str(file)
-    return found
+def _missing_module(package: object, parts: list[str], depth: int, name: str) -> str:
+    """``parts[depth]`` is not a module of ``package`` (``parts[:depth]``)."""
+    missing = parts[depth]
+    found = getattr(package, "__path__", None)
+    subs = [m.name for m in pkgutil.iter_modules(found)] if found else []
+    near = close_match(missing, subs)
+    fixed = ".".join([*parts[:depth], near, *parts[depth + 1 :], name]) if near else None
+    hint = f"; did you mean {fixed}?" if fixed else ""
+    return f"no module named {'.'.join(parts[: depth + 1])}{hint}"
 
 
 def close_match(name: str, choices: Iterable[str], cutoff: float = 0.6) -> str | None:

@@ -7,7 +7,7 @@ import inspect
 
 from jsonargparse import Namespace
 
-from gpu_busy.config_files import group_sections, named_class_path
+from gpu_busy.config_files import class_sections
 from gpu_busy.errors import UserError
 
 
@@ -84,15 +84,8 @@ def carried_settings(group: str, final: object, args: list[str]) -> dict[str, tu
             given.add(arg[len(group) + 3 :].split("=", 1)[0].removeprefix("init_args."))
     values = final.get("init_args") or Namespace()
     carried: dict[str, tuple] = {}
-    current = None
-    for section in group_sections(group, args):
-        if not isinstance(section, dict):
-            continue
-        current = section.get("class_path", current)
-        settings = section.get("init_args") or {
-            k: v for k, v in section.items() if k not in ("class_path", "init_args")
-        }
-        if current is None or current == final.class_path or not isinstance(settings, dict):
+    for _, current, settings in class_sections(group, args):
+        if current is None or current == final.class_path:
             continue
         for name, value in settings.items():
             if name not in given and name in values and values.get(name) == value:
@@ -110,8 +103,3 @@ def _subclass_of(path: str, base: str) -> bool:
         return issubclass(import_class(path), import_class(base))
     except Exception:  # not importable here: jsonargparse says so, or it is not a class
         return False
-
-
-def class_named(group: str, args: list[str]) -> type:
-    """The class ``group`` ends up with (``config_files.named_class_path``)."""
-    return import_class(str(named_class_path(group, args)))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -81,9 +82,36 @@ def find_checkpoint(which: str, trainer: Namespace, *, training: bool) -> tuple[
     found = [p for folder in folders for p in folder.glob(pattern) if p.exists()]
     if which == "last":  # SLURM's requeue saves (Lightning's hpc_ckpt_N) count as "last" too
         found += [p for p in root.glob("hpc_ckpt_*.ckpt") if p.is_file()]
-    candidates = checkpoint_file.newest_first(found)
-    usable, skipped = [], []
-    for path in candidates:
+    skipped: list[str] = []
+    usable = _usable(checkpoint_file.newest_first(found), training, skipped)
+    if which == "last":
+        return _newest(usable, root, skipped)
+    scored = [(*score, path, c) for path, c in usable if (score := _score(c, path)) is not None]
+    if not scored:
+        raise UserError(
+            f"--ckpt_path best: no best checkpoint under {root} (one is written when the "
+            "monitored metric improves); use --ckpt_path last or a .ckpt file"
+            + (f"; skipped: {skipped[0]}" if skipped else "")
+        )
+    _, score, path, checkpoint = max(scored, key=lambda s: s[0])
+    log.info("--ckpt_path best: %s (score %.4g)", path, score)
+    return path, checkpoint
+
+
+def _newest(usable: Iterator[tuple[Path, dict]], root: Path, skipped: list[str]):
+    """The first usable checkpoint (the newest), saying which newer ones were skipped."""
+    first = next(usable, None)
+    if first is None and skipped:
+        raise UserError(f"--ckpt_path last: no usable last.ckpt under {root}: {skipped[0]}")
+    for reason in skipped:
+        log.warning("--ckpt_path last: skipping %s", reason)
+    return first
+
+
+def _usable(paths: list[Path], training: bool, skipped: list[str]) -> Iterator[tuple[Path, dict]]:
+    """Each checkpoint of ``paths`` that reads and can be loaded, in order; why each other
+    one cannot goes into ``skipped``."""
+    for path in paths:
         try:
             checkpoint = checkpoint_file.read_checkpoint(path)
         except checkpoint_file.UnusableCheckpoint as e:
@@ -93,29 +121,16 @@ def find_checkpoint(which: str, trainer: Namespace, *, training: bool) -> tuple[
         if problem:
             skipped.append(problem)
             continue
-        if which == "last":
-            usable.append((path, checkpoint))
-            break
-        score = checkpoint_file.recorded_best(checkpoint, path)
-        if score is not None:
-            usable.append((score, path, checkpoint))
-    if which == "last":
-        if not usable and skipped:
-            raise UserError(f"--ckpt_path last: no usable last.ckpt under {root}: {skipped[0]}")
-        for reason in skipped:
-            log.warning("--ckpt_path last: skipping %s", reason)
-        return usable[0] if usable else None
-    if not usable:
-        raise UserError(
-            f"--ckpt_path best: no best checkpoint under {root} (one is written when the "
-            "monitored metric improves); use --ckpt_path last or a .ckpt file"
-            + (f"; skipped: {skipped[0]}" if skipped else "")
-        )
-    (score, _), path, checkpoint = max(
-        usable, key=lambda u: u[0][0] * (1 if u[0][1] == "max" else -1)
-    )
-    log.info("--ckpt_path best: %s (score %.4g)", path, score)
-    return path, checkpoint
+        yield path, checkpoint
+
+
+def _score(checkpoint: dict, path: Path) -> tuple[float, float] | None:
+    """The best score a checkpoint recorded: ``(signed so that larger is better, as is)``."""
+    recorded = checkpoint_file.recorded_best(checkpoint, path)
+    if recorded is None:
+        return None
+    score, mode = recorded
+    return (score if mode == "max" else -score), score
 
 
 def replaced_hyperparameters(model: Namespace, checkpoint: dict) -> list[str]:
@@ -165,3 +180,67 @@ def save_predictions(batches: list, path: Path) -> str:
 def fixed_version(logger: object) -> object:
     """The version a logger's config fixes (a scheduler's job name), or None."""
     return logger.get("init_args.version") if isinstance(logger, Namespace) else None
+
+
+def resolve_checkpoint(config: Namespace, subcommand: str) -> tuple[Path, dict] | None:
+    """The checkpoint ``--ckpt_path`` names, read and checked (``last`` and ``best`` found,
+    and written back into ``config``); None where there is none to load."""
+    wanted = config.get("ckpt_path")
+    if not wanted or wanted in ("hpc", "registry"):
+        return None
+    training = subcommand == "fit"
+    if wanted in ("last", "best"):
+        found = find_checkpoint(wanted, config.trainer, training=training)
+        if found is None:
+            root, _ = checkpoint_folders(config.trainer)
+            if not training:
+                raise UserError(f"--ckpt_path last: no last.ckpt under {root}")
+            log.warning("--ckpt_path last: no last.ckpt under %s; training from scratch", root)
+            config.ckpt_path = None
+            return None
+        path, checkpoint = found
+        config.ckpt_path = str(path)
+    else:
+        path, checkpoint = Path(wanted).expanduser(), read_checkpoint(wanted)
+        problem = checkpoint_file.resume_problem(checkpoint, path, training=training)
+        if problem:
+            raise UserError(problem)
+    if checkpoint_file.is_sharded(path) and not loads_sharded(config.trainer.get("strategy")):
+        raise UserError(
+            f"{path} is a sharded checkpoint (a torch.distributed.checkpoint folder, one "
+            "file per rank): load it with a sharding strategy, STRATEGY=fsdp (--config "
+            "configs/fsdp.yaml), on any number of ranks"
+        )
+    return path, checkpoint
+
+
+def say_what_loads(config: Namespace, subcommand: str, path: Path, checkpoint: dict) -> None:
+    """One line on where the run that loads ``path`` writes, and a warning naming the
+    settings the checkpoint's own replace."""
+    logger = config.trainer.get("logger")
+    if subcommand != "fit":
+        log.info("evaluating checkpoint %s; output in %s", path, evaluation_dir(path, subcommand))
+    elif logger is False:
+        log.info("resuming from %s", path)
+    elif fixed_version(logger) is not None:
+        # A scheduler's fixed version reopens the run's own directory; before_fit keeps
+        # the metrics Lightning's CSV writer would delete there.
+        log.info(
+            "resuming from %s into the same version directory (the logger's version is "
+            "fixed); the metrics of the steps before it are kept in its metrics.csv",
+            path,
+        )
+    else:
+        log.info(
+            "resuming from %s into a new version directory; the metrics of the steps "
+            "before it stay in %s",
+            path,
+            path.parent.parent,
+        )
+    replaced = replaced_hyperparameters(config.model, checkpoint)
+    if replaced:
+        log.warning(
+            "the checkpoint's own hyperparameters replace this run's, so its weights fit: "
+            "%s. To train with other values, start a new run",
+            ", ".join(replaced),
+        )

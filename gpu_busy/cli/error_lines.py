@@ -1,85 +1,97 @@
-"""jsonargparse's and Lightning's errors as one line a user can act on."""
+"""jsonargparse's and Lightning's errors as one line a user can act on, found from the
+errors' objects and frames, and from the settings the user gave, not from their English.
+
+Example::
+
+    except ArgumentError as e:
+        print(f"error: {argument_error_line(e, args)}")
+"""
 
 from __future__ import annotations
 
-import inspect
 import os
 import re
 
-import lightning.pytorch as pl
-from lightning.pytorch.cli import LightningCLI
+import torch
 
-from gpu_busy.cli.carried import class_named
-from gpu_busy.config_files import close_match, key_origin
-
-CLI_GROUPS = ("config", "trainer", "model", "data", "seed_everything", "optimizer", "lr_scheduler")
+from gpu_busy.cli.keys import given_settings
 
 
-def unknown_key_line(message: str, args: list[str]) -> str | None:
-    """jsonargparse's "option not accepted" as one line: the key, where it was set (which
-    config file, or the command line) and the accepted name closest to it."""
-    found = re.search(r"does not accept option '([^']+)'", message) or re.search(
-        r"unrecognized arguments: --([^\s=]+)", message
+def argument_error_line(error: BaseException, args: list[str]) -> str:
+    """jsonargparse's refusal of a value as one line: the setting the user gave whose value
+    it quotes (where exactly one is), and the first line of its message that quotes it.
+    Otherwise its whole message, on one line."""
+    subcommand = next((a for a in args if not a.startswith("-")), "")
+    lines = [line.strip(" -") for line in str(error).splitlines()]
+    quoted = []
+    for key, where, value in given_settings(args, subcommand):
+        if isinstance(value, str | int | float) and not isinstance(value, bool):
+            line = next((x for x in lines if _quotes(x, str(value))), None)
+            if line is not None:
+                quoted.append((key, where, value, line))
+    if len(quoted) == 1:
+        key, where, value, line = quoted[0]
+        return f"{where}: {key}={value}: {line}"
+    return " ".join(str(error).split())
+
+
+def _quotes(text: str, value: str) -> bool:
+    return bool(value) and re.search(rf"(?<![\w.]){re.escape(value)}(?![\w.])", text) is not None
+
+
+def innermost(error: BaseException) -> BaseException:
+    """The first error of the chain that ends in ``error``."""
+    while error.__cause__ or error.__context__:
+        error = error.__cause__ or error.__context__
+    return error
+
+
+def raised_outside(error: BaseException | None, package: str) -> BaseException | None:
+    """The outermost error of ``error``'s chain whose innermost frame is not in ``package``
+    (an error a class raised, that jsonargparse wrapped), or None."""
+    while error is not None:
+        where = _innermost_file(error)
+        if where and f"{os.sep}{package}{os.sep}" not in where:
+            return error
+        error = error.__cause__ or error.__context__
+    return None
+
+
+# Lightning's choice of accelerator and devices: what it refuses there is a device setting.
+_DEVICE_CHOICE = tuple(
+    os.path.join("lightning", *parts)
+    for parts in (
+        ("pytorch", "trainer", "connectors", "accelerator_connector.py"),
+        ("pytorch", "accelerators", ""),
+        ("fabric", "accelerators", ""),
+        ("fabric", "utilities", "device_parser.py"),
     )
-    if found:
-        key = found.group(1)
-    else:
-        found = re.search(r'Parser key "([^"]+)":.*?Option \'([^\']+)\' is not accepted', message,
-                          flags=re.DOTALL)  # fmt: skip
-        if not found:
-            return None
-        key = f"{found.group(1)}.init_args.{found.group(2)}"
-    parts = [part for part in key.split(".") if part != "init_args"]
-    origin = key_origin(key, args) or "the command line"
-    subcommand = next((a for a in args if not a.startswith("-")), "fit")
-    # The misspelt part is the first one its level does not accept ("modle" in modle.lr).
-    match = None
-    for depth, part in enumerate(parts):
-        accepted = _accepted_names(parts[:depth], subcommand, args)
-        if part not in accepted:
-            match = close_match(part, accepted)
-            if match:
-                match = ".".join([*parts[:depth], match, *parts[depth + 1 :]])
-            break
-    suggestion = f"; did you mean {match}?" if match else ""
-    return f"{origin}: {'.'.join(parts)} is not an option{suggestion}"
+)
 
 
-def _accepted_names(parent: list[str], subcommand: str, args: list[str]) -> set[str]:
-    """The names accepted under ``parent`` (best effort: for a suggestion only)."""
-    if not parent:
-        run = getattr(pl.Trainer, subcommand, None)
-        own = set(inspect.signature(run).parameters) if run else set()
-        skipped = LightningCLI.subcommands().get(subcommand, set())
-        return (own - {"self"} - skipped) | set(CLI_GROUPS)
-    if parent == ["trainer"]:
-        return set(inspect.signature(pl.Trainer.__init__).parameters) - {"self"}
-    if len(parent) == 1 and parent[0] in ("model", "data"):
-        try:
-            cls = class_named(parent[0], args)
-            return set(inspect.signature(cls.__init__).parameters) - {"self", "args", "kwargs"}
-        except Exception:  # a class that does not import: no suggestion, the line stands
-            return set()
-    return set()
+def raised_choosing_devices(error: BaseException) -> bool:
+    """Whether Lightning refused ``error`` while choosing the accelerator and devices."""
+    where = _innermost_file(error)
+    return any(part in where for part in _DEVICE_CHOICE)
 
 
-def argument_error_line(message: str) -> str:
-    """jsonargparse's nested, multi-line error as one line that names the full key.
+def devices_line(error: BaseException, accelerator: object, devices: object) -> str:
+    """Lightning's refusal of the device settings, with what this machine has and the
+    command that fits it."""
+    found = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    gpus = "`make train GPUS=N` for N of them, " if found else "`make train` (the CPU), "
+    return (
+        f"trainer.accelerator={accelerator} trainer.devices={devices}: {one_line(error)} "
+        f"(this machine has {found} GPU(s)); run {gpus}or `make train ACCELERATOR=cpu "
+        "DEVICES=N` for N-process DDP on the CPU"
+    )
 
-    In subclass mode a bad ``--data.batch_size`` is reported under ``Parser key "data"``,
-    then ``Parser key "batch_size"``, then the reason on that line or the next.
-    """
-    keys = re.findall(r'Parser key "([^"]+)":', message)
-    last = re.findall(r'Parser key "[^"]+":[ \t]*\n?\s*([^\n]*)', message)
-    if not keys:
-        return " ".join(message.split())
-    key = ".".join(k for k in keys if k != "init_args")
-    line = f'Parser key "{key}": {last[-1].strip()}'
-    # Under a union (class_path), the reason is nested below the list of subtypes.
-    problem = re.search(r"- (Problem with given class_path '[^']+'):\s*\n\s*([^\n]+)", message)
-    if problem:
-        line += f" ({problem.group(1)}: {problem.group(2).strip()})"
-    return line
+
+def _innermost_file(error: BaseException) -> str:
+    tb = error.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb.tb_frame.f_code.co_filename if tb is not None else ""
 
 
 def one_line(error: BaseException) -> str:
@@ -106,10 +118,7 @@ def raised_in_restore(error: BaseException) -> bool:
 
 def raised_by_lightning(error: BaseException) -> bool:
     """Whether the innermost frame of ``error`` is Lightning's own code."""
-    tb = error.__traceback__
-    while tb is not None and tb.tb_next is not None:
-        tb = tb.tb_next
-    where = tb.tb_frame.f_code.co_filename if tb is not None else ""
+    where = _innermost_file(error)
     return f"{os.sep}lightning{os.sep}" in where and "-packages" in where
 
 

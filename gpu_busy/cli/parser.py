@@ -2,31 +2,35 @@
 
 from __future__ import annotations
 
-import re
 import sys
 import warnings
 from pathlib import Path
 from typing import Any, ClassVar
 
+from jsonargparse import Namespace
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.cli import LightningCLI
 
 from gpu_busy.callbacks.run_summary import RunSummary
-from gpu_busy.cli.carried import leave_out_carried
+from gpu_busy.cli.carried import import_class, leave_out_carried
 from gpu_busy.cli.checkpoints import (
     checkpoint_folders,
     evaluation_dir,
-    find_checkpoint,
-    fixed_version,
-    loads_sharded,
-    read_checkpoint,
-    replaced_hyperparameters,
+    resolve_checkpoint,
     save_predictions,
+    say_what_loads,
     write_into,
 )
-from gpu_busy.cli.error_lines import cause_of, one_line
+from gpu_busy.cli.error_lines import (
+    cause_of,
+    devices_line,
+    innermost,
+    one_line,
+    raised_choosing_devices,
+    raised_outside,
+)
+from gpu_busy.cli.keys import unknown_key
 from gpu_busy.cli.preflight import (
-    check_devices,
     check_master_port,
     check_slurm_launch,
     check_writable,
@@ -39,6 +43,9 @@ from gpu_busy.resume import checkpoint_file
 from gpu_busy.strategies import FullyShardedStrategy
 
 log = get_logger(__name__)
+
+
+CLASSES = ("model", "data")  # the groups a config names a class for
 
 
 class TrainingCLI(LightningCLI):
@@ -60,6 +67,8 @@ class TrainingCLI(LightningCLI):
         return {self._asked: every[self._asked]} if self._asked in every else every
 
     def add_arguments_to_parser(self, parser) -> None:
+        # Called once per subcommand built, in the order of subcommands(): its parser.
+        self._parsers = [*getattr(self, "_parsers", []), parser]
         # The DataModule knows its classes (for an image folder, after scanning it). Applied
         # only where the model takes num_classes and the DataModule has it.
         parser.link_arguments(
@@ -67,81 +76,29 @@ class TrainingCLI(LightningCLI):
         )
 
     def parse_arguments(self, parser, args) -> None:
+        raw = list(sys.argv[1:] if args is None else args)
+        parsers = dict(zip(self.subcommands(), getattr(self, "_parsers", []), strict=False))
+        asked = next((a for a in raw if isinstance(a, str) and a in parsers), None)
+        error = unknown_key(parsers[asked], raw, asked) if asked is not None else None
+        if error is not None:
+            raise error
         super().parse_arguments(parser, args)
         subcommand = self.config.get("subcommand")
         config = self.config[subcommand] if subcommand else None
-        raw = list(sys.argv[1:] if args is None else args)
-        self.left_out = []  # one line per group, repeated in the end-of-fit summary
-        for group in ("model", "data"):
-            line = leave_out_carried(group, config.get(group) if config else None, raw)
-            if line:
-                log.warning("%s", line)
-                self.left_out.append(line)
+        lines = [leave_out_carried(g, config.get(g) if config else None, raw) for g in CLASSES]
+        self.left_out = [line for line in lines if line]  # said again under the summary
+        for line in self.left_out:
+            log.warning("%s", line)
         # Resolved and checked before LightningCLI reads the file's hyperparameters.
-        self.checkpoint = None
-        wanted = config.get("ckpt_path") if config else None
-        if not wanted or wanted in ("hpc", "registry"):
-            return
-        training = subcommand == "fit"
-        if wanted in ("last", "best"):
-            found = find_checkpoint(wanted, config.trainer, training=training)
-            if found is None:
-                root, _ = checkpoint_folders(config.trainer)
-                if not training:
-                    raise UserError(f"--ckpt_path last: no last.ckpt under {root}")
-                log.warning("--ckpt_path last: no last.ckpt under %s; training from scratch", root)
-                config.ckpt_path = None
-                return
-            path, checkpoint = found
-            config.ckpt_path = str(path)
-        else:
-            path, checkpoint = Path(wanted).expanduser(), read_checkpoint(wanted)
-            problem = checkpoint_file.resume_problem(checkpoint, path, training=training)
-            if problem:
-                raise UserError(problem)
-        if checkpoint_file.is_sharded(path) and not loads_sharded(config.trainer.get("strategy")):
-            raise UserError(
-                f"{path} is a sharded checkpoint (a torch.distributed.checkpoint folder, one "
-                "file per rank): load it with a sharding strategy, STRATEGY=fsdp (--config "
-                "configs/fsdp.yaml), on any number of ranks"
-            )
-        self.checkpoint = (path, checkpoint)
-        TrainingCLI.resuming = path
-        if not training:
-            log.info(
-                "evaluating checkpoint %s; output in %s", path, evaluation_dir(path, subcommand)
-            )
-        elif config.trainer.get("logger") is False:
-            log.info("resuming from %s", path)
-        elif fixed_version(config.trainer.get("logger")) is not None:
-            # A scheduler's fixed version reopens the run's own directory; before_fit keeps
-            # the metrics Lightning's CSV writer would delete there.
-            log.info(
-                "resuming from %s into the same version directory (the logger's version is "
-                "fixed); the metrics of the steps before it are kept in its metrics.csv",
-                path,
-            )
-        else:
-            log.info(
-                "resuming from %s into a new version directory; the metrics of the steps "
-                "before it stay in %s",
-                path,
-                path.parent.parent,
-            )
-        replaced = replaced_hyperparameters(config.model, checkpoint)
-        if replaced:
-            log.warning(
-                "the checkpoint's own hyperparameters replace this run's, so its weights fit: "
-                "%s. To train with other values, start a new run",
-                ", ".join(replaced),
-            )
+        self.checkpoint = resolve_checkpoint(config, subcommand) if config else None
+        if self.checkpoint is not None:
+            TrainingCLI.resuming = self.checkpoint[0]
+            say_what_loads(config, subcommand, *self.checkpoint)
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
         trainer = config.trainer
         accelerator = str(trainer.accelerator)
-        check_devices(accelerator, trainer.devices)
-        check_master_port(accelerator, trainer.devices, trainer.get("num_nodes"))
         check_slurm_launch()
         accumulate = trainer.get("accumulate_grad_batches")
         if not isinstance(accumulate, int) or accumulate < 1:
@@ -177,33 +134,46 @@ class TrainingCLI(LightningCLI):
 
     def instantiate_classes(self) -> None:
         """The classes the config names refuse a value (an invalid strategy name, a missing
-        accelerator package, a constructor's check): one line, not a traceback."""
+        accelerator package, a constructor's check, devices this machine lacks): one line,
+        not a traceback."""
         try:
             super().instantiate_classes()
-        except (UserError, MisconfigurationException):
+        except UserError:
             raise
-        except (ValueError, TypeError, ImportError) as e:
-            found = cause_of(e, UserError)
-            if found is not None:
-                raise found from None
-            chain = [e]
-            while chain[-1].__cause__ or chain[-1].__context__:
-                chain.append(chain[-1].__cause__ or chain[-1].__context__)
-            root = chain[-1]
-            # Older jsonargparse keeps a constructor's error only as text, in the list of
-            # reasons each type of a union (class or None) refused the value.
-            pattern = r"^\s*- (.+?:)?\s*\n?\s*(\S.*)$"  # "- reason", or "- where:" then reason
-            reasons = [
-                f"{where or ''} {reason}".strip()
-                for error in chain
-                for where, reason in re.findall(pattern, str(error), flags=re.MULTILINE)
-                if not reason.startswith("Expected a <class 'NoneType'>")
-            ]
-            message = reasons[0] if reasons else f"{type(root).__name__}: {one_line(root)}"
+        except (ValueError, TypeError, ImportError, MisconfigurationException) as e:
+            if raised_choosing_devices(e):
+                trainer = self.config[self.subcommand].trainer
+                raise UserError(devices_line(e, trainer.accelerator, trainer.devices)) from None
+            if isinstance(e, MisconfigurationException):
+                raise
+            own = cause_of(e, UserError) or self._constructor_error(e)
+            if isinstance(own, UserError):
+                raise own from None
+            root = own if own is not None else innermost(e)
             raise UserError(
                 "building the trainer, model or data from the config failed "
-                f"({' '.join(message.split())[:240]})"
+                f"({type(root).__name__}: {one_line(root)[:240]})"
             ) from e
+        check_master_port(self.trainer.num_devices * self.trainer.num_nodes)
+
+    def _constructor_error(self, error: BaseException) -> BaseException | None:
+        """What a class's own constructor raised: in ``error``'s chain (jsonargparse chains
+        it from 4.4x), else by building the config's data and model again here (older
+        releases keep only its text)."""
+        own = raised_outside(error, "jsonargparse")
+        if own is not None:
+            return own
+        config = self.config[self.subcommand]
+        for group in ("data", "model"):
+            section = config.get(group)
+            if not isinstance(section, Namespace) or not section.get("class_path"):
+                continue
+            init = section.get("init_args")
+            try:
+                import_class(section.class_path)(**(init.as_dict() if init else {}))
+            except Exception as e:
+                return e
+        return None
 
     def _check_checkpoint_fits_model(self) -> None:
         """Shapes compared before Lightning loads the weights (a size mismatch inside fit

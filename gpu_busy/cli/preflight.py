@@ -12,68 +12,16 @@ import torch
 
 from gpu_busy.errors import UserError
 
-
-def _requested_gpus(devices) -> int | None:
-    """How many devices the trainer settings ask for, or None for "auto" / "all" (-1).
-
-    Lightning takes a count, -1 or "auto", or device indices ("0,1", [0, 1]); anything else
-    is a ``UserError`` here, before Lightning's own check deep inside the trainer.
-    """
-    if isinstance(devices, str):
-        text = devices.strip()
-        if text in ("auto", "-1"):
-            return None
-        parts = [p.strip() for p in text.split(",") if p.strip()]
-        if text.isdigit() and int(text) > 0:
-            return int(text)
-        if "," in text and parts and all(p.isdigit() for p in parts):
-            return len(parts)
-    elif isinstance(devices, int) and not isinstance(devices, bool):
-        if devices > 0:
-            return devices
-        if devices == -1:
-            return None
-    elif (
-        isinstance(devices, list | tuple)
-        and devices
-        and all(isinstance(d, int) and d >= 0 for d in devices)
-    ):
-        return len(devices)
-    raise UserError(
-        f"trainer.devices must be a count (1, 2, ...), -1 or 'auto' for all, or device "
-        f"indices such as 0,1; got {devices!r}"
-    )
-
-
-def check_devices(accelerator: str, devices) -> None:
-    """Refuse, before anything is spawned, to run on more GPUs than this machine has."""
-    wanted = _requested_gpus(devices) or 1
-    if accelerator not in ("gpu", "cuda"):
-        return  # "auto" / -1 need at least one
-    found = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if wanted > found:
-        fewer = f"`make train GPUS={found}`" if found else "`make train` (the CPU)"
-        raise UserError(
-            f"asked for {wanted} GPU(s) but found {found}; run {fewer}, or "
-            f"`make train ACCELERATOR=cpu DEVICES={wanted}` for {wanted}-process DDP on the CPU"
-        )
-
-
 # Set by a launcher that starts every process itself (torchrun, SLURM's srun) or by
 # Lightning in the processes it starts: their master port is that launcher's business.
 _LAUNCHED = ("LOCAL_RANK", "TORCHELASTIC_RUN_ID", "SLURM_PROCID")
 
 
-def check_master_port(accelerator: str, devices, num_nodes) -> None:
+def check_master_port(processes: int) -> None:
     """A MASTER_PORT already taken makes rank zero fail while the others wait for it: say
-    so before any process is started."""
+    so before any of the ``processes`` Lightning counted is started."""
     port = os.environ.get("MASTER_PORT")
-    if not port or any(name in os.environ for name in _LAUNCHED):
-        return
-    count = _requested_gpus(devices)
-    if count is None:  # "auto" / -1: every GPU, else one process on the CPU
-        count = torch.cuda.device_count() if accelerator in ("gpu", "cuda", "auto") else 1
-    if count * int(num_nodes or 1) < 2:
+    if not port or processes < 2 or any(name in os.environ for name in _LAUNCHED):
         return
     try:
         with socket.socket() as probe:

@@ -19,8 +19,8 @@ from gpu_busy.cli.error_lines import (
     one_line,
     raised_by_lightning,
     raised_in_restore,
-    unknown_key_line,
 )
+from gpu_busy.cli.keys import KeyNotAccepted
 from gpu_busy.cli.parser import TrainingCLI
 from gpu_busy.config_files import check_config_files
 from gpu_busy.errors import UserError
@@ -90,6 +90,9 @@ def _run(args: list[str] | None) -> int:
             parser_kwargs={"exit_on_error": False, "allow_abbrev": False},
             args=args,
         )
+    except KeyNotAccepted as e:
+        print(f"error: {e} ({_prog} fit --help lists every option)", file=sys.stderr)
+        return 2
     except (UserError, MisconfigurationException) as e:
         print(f"error: {one_line(e)}", file=sys.stderr)
         return 2
@@ -98,34 +101,14 @@ def _run(args: list[str] | None) -> int:
         return 1
     except ArgumentError as e:
         raw = sys.argv[1:] if args is None else list(args)
-        line = unknown_key_line(str(e), raw) or argument_error_line(str(e))
+        line = argument_error_line(e, raw)
         print(f"error: {line} ({_prog} fit --help lists every option)", file=sys.stderr)
         return 2
     except (KeyError, RuntimeError, ValueError) as e:
-        if TrainingCLI.resuming is not None and raised_in_restore(e):
-            # Lightning restores the optimizer and schedule inside fit: a checkpoint saved
-            # with other parameter groups or without a schedule fails there.
-            print(
-                f"error: {TrainingCLI.resuming} does not fit this run ({one_line(e)}); resume it "
-                "with the model, optimizer and schedule it was saved with, or start a new run",
-                file=sys.stderr,
-            )
-            return 2
-        if not isinstance(e, ValueError):
+        line = _setting_error_line(e)
+        if line is None:
             raise
-        # jsonargparse builds the classes a config names under union types, and reports what
-        # their __init__ raised inside a ValueError of its own.
-        cause = cause_of(e, (UserError, ImportError))
-        if cause is None and raised_by_lightning(e):
-            # Lightning's own check of a setting it can only test in fit (val_check_interval
-            # against the number of batches): a setting to change, not a crash.
-            print(f"error: {one_line(e)}", file=sys.stderr)
-            return 2
-        if cause is None:
-            raise
-        if isinstance(cause, ImportError):  # its last line names the package wanted
-            cause = f"{str(cause).strip().splitlines()[-1]} (a class in the config needs it)"
-        print(f"error: {cause}", file=sys.stderr)
+        print(f"error: {line}", file=sys.stderr)
         return 2
     except TrainingStopped as e:
         # Every rank stops at the same check; rank zero says why and its code is the run's.
@@ -140,3 +123,26 @@ def _run(args: list[str] | None) -> int:
         print("stopped: SIGTERM before training began; nothing to save", file=sys.stderr)
         return 128 + signal.SIGTERM
     return 0
+
+
+def _setting_error_line(e: KeyError | RuntimeError | ValueError) -> str | None:
+    """A fit's error that a setting or a checkpoint caused, as its line; None for a crash."""
+    if TrainingCLI.resuming is not None and raised_in_restore(e):
+        # Lightning restores the optimizer and schedule inside fit: a checkpoint saved
+        # with other parameter groups or without a schedule fails there.
+        return (
+            f"{TrainingCLI.resuming} does not fit this run ({one_line(e)}); resume it with the "
+            "model, optimizer and schedule it was saved with, or start a new run"
+        )
+    if not isinstance(e, ValueError):
+        return None
+    # jsonargparse builds the classes a config names under union types, and reports what
+    # their __init__ raised inside a ValueError of its own.
+    cause = cause_of(e, (UserError, ImportError))
+    if cause is None and raised_by_lightning(e):
+        # Lightning's own check of a setting it can only test in fit (val_check_interval
+        # against the number of batches): a setting to change, not a crash.
+        return one_line(e)
+    if isinstance(cause, ImportError):  # its last line names the package wanted
+        return f"{str(cause).strip().splitlines()[-1]} (a class in the config needs it)"
+    return None if cause is None else str(cause)

@@ -142,11 +142,14 @@ def _one_error_line(capsys) -> str:
     ("args", "expected"),
     [
         (["--trainer.no_such_key=1"], "the command line: trainer.no_such_key is not an option"),
-        (["--data.batch_size=many"], 'Parser key "data.batch_size"'),
+        (
+            ["--data.batch_size=many"],
+            "the command line: data.batch_size=many: expected a <class 'int'>",
+        ),
         (["--data.batch_size=0"], "data.batch_size must be at least 1"),
         (["--model.depth=19"], "depth must be one of [18, 34]"),
         (["--config", "configs/no_such.yaml"], "File does not exist"),
-        (["--trainer.accelerator=gpu", "--trainer.devices=64"], "asked for 64 GPU(s) but found"),
+        (["--trainer.accelerator=gpu", "--trainer.devices=64"], "trainer.devices=64: "),
         (["--ckpt_path=missing.ckpt"], "checkpoint missing.ckpt does not exist"),
         (["--data.dataset=folder", "--data.data_dir=nowhere"], "does not exist"),
     ],
@@ -192,7 +195,8 @@ def test_make_train_gpus_2_without_gpus_fails_before_spawning(tmp_path):
     found = torch.cuda.device_count()
     lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(lines) == 1
-    assert f"asked for 2 GPU(s) but found {found}" in lines[0]
+    assert "trainer.accelerator=gpu trainer.devices=2: " in lines[0]
+    assert f"(this machine has {found} GPU(s)); run `make train" in lines[0]
     assert "Traceback" not in result.stderr
 
 

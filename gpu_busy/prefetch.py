@@ -201,16 +201,6 @@ _SIMPLE = (torch.Tensor, int, float, bool, str, bytes, type(None))
 _PLAIN_LEAVES = frozenset((int, float, bool, str, bytes, type(None)))  # _SIMPLE's non-tensors
 
 
-def self_moving_leaf(batch: Any) -> type | None:
-    """The type of a leaf that moves itself (a ``.to`` method, not a tensor), or None.
-
-    Lightning moves such an object with its own ``.to``; the prefetcher cannot see the
-    tensors inside it, so it could not keep their memory from being reused while the
-    compute stream reads them (``record_stream``). Such batches are left to Lightning.
-    """
-    return _Leaves(batch).mover
-
-
 class StreamCopier:
     """Copies host batches to ``device`` on one side stream and hands them over safely.
 

@@ -35,7 +35,7 @@ from gpu_busy.report import syncs as syncs_report
 from gpu_busy.syncs.attribution import OPTIMIZER_STEP
 from gpu_busy.syncs.detector import SyncDetector
 from gpu_busy.syncs.memory import held_outside_parameters
-from gpu_busy.syncs.rules import DDP_USED_MAP
+from gpu_busy.syncs.rules import DDP_USED_MAP, LIGHTNING_READS
 from gpu_busy.syncs.sampling import WatchedSums, WatchSchedule
 from gpu_busy.syncs.sites import SyncSiteTable, github_annotations, in_github_actions
 from gpu_busy.syncs.watched_steps import WatchedSteps
@@ -85,7 +85,7 @@ class SyncPointDetector(compat.Callback):
 
     def _reset_run(self, costs: bool = False) -> None:
         # this rank's sites in this fit; after it, every rank's
-        self.table = SyncSiteTable(compat.LIGHTNING_READS, costs=costs)
+        self.table = SyncSiteTable(LIGHTNING_READS, costs=costs)
         self.steps: WatchedSteps | None = None
         # (logger step, epoch, syncs, steady) of the watched steps since the last log
         self._rows: list[tuple[int, int, int, bool]] = []
@@ -106,7 +106,7 @@ class SyncPointDetector(compat.Callback):
         self._unwrap = contextlib.ExitStack()
         self._unwrap.enter_context(logged_at.install())
         self.detector = SyncDetector(
-            device_type, origins=(logged_at.origin,), chain_hints=compat.LIGHTNING_READS
+            device_type, origins=(logged_at.origin,), chain_hints=LIGHTNING_READS
         )
         self._reset_run(costs=not self.detector.simulating)
         # On a GPU they stay on the host, where __init__ made them: each use on the device is
@@ -257,7 +257,7 @@ class SyncPointDetector(compat.Callback):
 
     def on_train_end(self, trainer, pl_module) -> None:
         self._close()
-        merged = SyncSiteTable(compat.LIGHTNING_READS, costs=self.table.costs)
+        merged = SyncSiteTable(LIGHTNING_READS, costs=self.table.costs)
         for rows in gather_objects(trainer, self.table.rows()):
             merged.merge(rows)
         totals = WatchedSums()

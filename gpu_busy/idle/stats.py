@@ -63,27 +63,31 @@ class IdleStats(WindowSums):
         n, m = self.steps, self.timed_steps
         wall = self.idle_ms + self.transfer_ms + self.device_ms
         out: dict[str, float | None] = {
-            "idle_pct": 100.0 * self.idle_ms / wall if m and wall > 0 else None,
-            "step_ms": wall / m if m else None,  # idle + transfer + the step: the period
-            "idle_ms": self.idle_ms / m if m else None,
-            "device_ms": self.device_ms / m if m else None,
-            "transfer_ms": self.transfer_ms / m if m else None,
+            "idle_pct": _per(100.0 * self.idle_ms, wall if m else 0),
+            "step_ms": _per(wall, m),  # idle + transfer + the step: the period
+            "idle_ms": _per(self.idle_ms, m),
+            "device_ms": _per(self.device_ms, m),
+            "transfer_ms": _per(self.transfer_ms, m),
             # the host's work in the transfer: its hooks before the step (on a host clock
             # all of it: no copy to wait for)
-            "transfer_host_ms": max(0.0, self.transfer_ms - self.copy_ms) / m if m else None,
+            "transfer_host_ms": _per(max(0.0, self.transfer_ms - self.copy_ms), m),
             # only a GPU queue tells a copy from the host's hooks
-            "copy_ms": self.copy_ms / m if m and cuda else None,
-            "host_step_ms": self.host_ms / n if n else None,
-            "host_backward_ms": self.host_backward_ms / n if n else None,
-            "loader_wait_ms": self.loader_wait_ms / n if n else None,
+            "copy_ms": _per(self.copy_ms, m if cuda else 0),
+            "host_step_ms": _per(self.host_ms, n),
+            "host_backward_ms": _per(self.host_backward_ms, n),
+            "loader_wait_ms": _per(self.loader_wait_ms, n),
         }
         for cause in cause_table.TABLE:
-            name = cause.key
             # what only a GPU queue tells is None on a host clock, not a guess
-            known = m and (cuda or cause.on_host_clock)
-            out[name] = getattr(self, name) / m if known else None
-        out["cuda_syncs_per_batch"] = self.syncs / n if n and cuda else None
+            known = cuda or cause.on_host_clock
+            out[cause.key] = _per(getattr(self, cause.key), m if known else 0)
+        out["cuda_syncs_per_batch"] = _per(self.syncs, n if cuda else 0)
         return out
+
+
+def _per(total: float, count: float) -> float | None:
+    """``total / count``; None (n/a) where there is nothing to divide by."""
+    return total / count if count > 0 else None
 
 
 _FIELDS = tuple((cause.name, cause.key) for cause in cause_table.TABLE)

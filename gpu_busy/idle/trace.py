@@ -23,6 +23,7 @@ import bisect
 import gzip
 import json
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -115,49 +116,54 @@ def analyze_trace(trace: str | Path | dict | list) -> TraceIdle:
     """Span, busy and idle time of the device activity in a profiler trace (see module doc)."""
     events = [e for e in load_trace(trace) if e.get("ph") == "X" and "dur" in e]
     host = _HostView(events)
-    device: list[_DeviceEvent] = []
-    streams = set()
-    for e in events:
-        cat = str(e.get("cat", "")).lower()
-        if cat not in DEVICE_CATEGORIES:
-            continue
-        start = float(e["ts"])
-        launch = host.launches.get(_correlation(e))
-        device.append(
-            _DeviceEvent(
-                start=start,
-                end=start + float(e["dur"]),
-                category=cat,
-                nccl=cat == "kernel" and "nccl" in str(e.get("name", "")).lower(),
-                launch=None if launch is None else launch[0],
-                launch_tid=None if launch is None else launch[1],
-            )
-        )
-        streams.add((e.get("pid"), e.get("tid")))
-
+    on_device = [e for e in events if _category(e) in DEVICE_CATEGORIES]
+    device = [_device_event(e, host) for e in on_device]
     busy_merged = merge((d.start, d.end) for d in device)
     span = busy_merged[-1][1] - busy_merged[0][0] if busy_merged else 0.0
     busy = sum(e - s for s, e in busy_merged)
     causes, host_wait = _classify(gaps(busy_merged), device, host)
-    not_nccl = merge((d.start, d.end) for d in device if not d.nccl)
-
-    def union_of(pred) -> float:
-        return _ms(sum(e - s for s, e in merge((d.start, d.end) for d in device if pred(d))))
-
     return TraceIdle(
         span_ms=_ms(span),
         busy_ms=_ms(busy),
         idle_ms=_ms(span - busy),
-        compute_ms=union_of(lambda d: d.category == "kernel" and not d.nccl),
-        memcpy_ms=union_of(lambda d: d.category == "gpu_memcpy"),
-        memset_ms=union_of(lambda d: d.category == "gpu_memset"),
-        nccl_ms=union_of(lambda d: d.nccl),
-        idle_without_nccl_ms=_ms(span - sum(e - s for s, e in not_nccl)),
+        **{kind: _ms(_busy_us(filter(which, device))) for kind, which in _KINDS.items()},
+        idle_without_nccl_ms=_ms(span - _busy_us(d for d in device if not d.nccl)),
         host_wait_ms=_ms(host_wait),
         causes={c: _ms(v) for c, v in causes.items()},
         device_events=len(device),
-        streams=len(streams),
+        streams=len({(e.get("pid"), e.get("tid")) for e in on_device}),
         steps=_per_step(device, host),
+    )
+
+
+# The device time of each kind, as the events that make it.
+_KINDS = {
+    "compute_ms": lambda d: d.category == "kernel" and not d.nccl,
+    "memcpy_ms": lambda d: d.category == "gpu_memcpy",
+    "memset_ms": lambda d: d.category == "gpu_memset",
+    "nccl_ms": lambda d: d.nccl,
+}
+
+
+def _busy_us(events: Iterable[_DeviceEvent]) -> float:
+    """How long at least one of ``events`` ran (µs)."""
+    return sum(e - s for s, e in merge((d.start, d.end) for d in events))
+
+
+def _category(event: dict) -> str:
+    return str(event.get("cat", "")).lower()
+
+
+def _device_event(e: dict, host: _HostView) -> _DeviceEvent:
+    cat, start = _category(e), float(e["ts"])
+    launch = host.launches.get(_correlation(e))
+    return _DeviceEvent(
+        start=start,
+        end=start + float(e["dur"]),
+        category=cat,
+        nccl=cat == "kernel" and "nccl" in str(e.get("name", "")).lower(),
+        launch=None if launch is None else launch[0],
+        launch_tid=None if launch is None else launch[1],
     )
 
 
@@ -250,33 +256,38 @@ def _per_step(device: list[_DeviceEvent], host: _HostView) -> list[StepIdle]:
     out: list[StepIdle] = []
     prev_end: float | None = None
     for (_, _, name), mine in zip(host.steps, members, strict=True):
-        busy_merged = merge((d.start, d.end) for d in mine)
-        if not busy_merged:
-            out.append(StepIdle(name, 0.0, 0.0, 0.0, None, 0, dict.fromkeys(names(), 0.0)))
-            continue
-        first, last = busy_merged[0][0], busy_merged[-1][1]
-        holes = gaps(busy_merged)
-        gap_before = None
-        if prev_end is not None and first > prev_end:
-            holes.insert(0, (prev_end, first))
-            gap_before = first - prev_end
-        elif prev_end is not None:
-            gap_before = 0.0
-        causes, _ = _classify(holes, mine, host)
-        busy = sum(e - s for s, e in busy_merged)
-        out.append(
-            StepIdle(
-                name=name,
-                span_ms=_ms(last - first),
-                busy_ms=_ms(busy),
-                idle_ms=_ms(last - first - busy),
-                gap_before_ms=None if gap_before is None else _ms(gap_before),
-                device_events=len(mine),
-                causes={c: _ms(v) for c, v in causes.items()},
-            )
-        )
-        prev_end = last if prev_end is None else max(prev_end, last)
+        step, last = _step_idle(name, mine, prev_end, host)
+        out.append(step)
+        if last is not None:
+            prev_end = last if prev_end is None else max(prev_end, last)
     return out
+
+
+def _step_idle(
+    name: str, mine: list[_DeviceEvent], prev_end: float | None, host: _HostView
+) -> tuple[StepIdle, float | None]:
+    """One step's idle from the device events its launches made, and where they ended;
+    the gap since the step before counts as this step's."""
+    busy_merged = merge((d.start, d.end) for d in mine)
+    if not busy_merged:
+        return StepIdle(name, 0.0, 0.0, 0.0, None, 0, dict.fromkeys(names(), 0.0)), None
+    first, last = busy_merged[0][0], busy_merged[-1][1]
+    holes = gaps(busy_merged)
+    gap_before = None if prev_end is None else max(0.0, first - prev_end)
+    if gap_before:
+        holes.insert(0, (prev_end, first))
+    causes, _ = _classify(holes, mine, host)
+    busy = sum(e - s for s, e in busy_merged)
+    step = StepIdle(
+        name=name,
+        span_ms=_ms(last - first),
+        busy_ms=_ms(busy),
+        idle_ms=_ms(last - first - busy),
+        gap_before_ms=None if gap_before is None else _ms(gap_before),
+        device_events=len(mine),
+        causes={c: _ms(v) for c, v in causes.items()},
+    )
+    return step, last
 
 
 def _correlation(event: dict) -> Any:

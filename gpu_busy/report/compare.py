@@ -88,49 +88,54 @@ def gates(a: RunFiles, b: RunFiles, threshold: float, sync_threshold: float | No
     Throughput is the gate: the figure a change is for. Syncs per steady batch is a gate of
     its own, on only with ``sync_threshold``: a faster B with more syncs is not worse, but
     it is said."""
-    label, ta = a.rate(like=b)
-    _, tb = b.rate(like=a)
-    sa = a.figure("syncs", ("summary", "steady_syncs_per_batch"))
-    sb = b.figure("syncs", ("summary", "steady_syncs_per_batch"))
-    failed, lines = [], []
-    if ta and tb is not None:
-        change = (tb - ta) / ta
-        fails = -change > threshold
-        verdict = "FAILED" if fails else "passed"
-        lines.append(f"throughput gate {verdict}: {label} {100 * change:+.1f}% "
-                     f"(allowed -{100 * threshold:g}%)")  # fmt: skip
-        if fails:
-            failed.append("throughput")
-    else:
-        lines.append(f"throughput gate n/a: {label} not in both runs' files")
-    ma, mb = a.figure("throughput", ("mfu",)), b.figure("throughput", ("mfu",))
-    if ma and mb is not None:
-        fails = (ma - mb) / ma > threshold
-        lines.append(f"MFU gate {'FAILED' if fails else 'passed'}: {100 * ma:.1f}% -> "
-                     f"{100 * mb:.1f}% (allowed -{100 * threshold:g}% of A's)")  # fmt: skip
-        if fails:
-            failed.append("MFU")
-    else:
-        lines.append("MFU gate n/a: MFU not in both runs' throughput.json")
-    if sa is None or sb is None:
-        syncs = "syncs per steady batch n/a (a syncs.json is missing)"
-    else:
-        syncs = f"syncs per steady batch {sa:.2f} -> {sb:.2f}"
-    if sync_threshold is None:
-        lines.append(f"syncs gate off: {syncs} (--sync-threshold N turns it on)")
-    elif sa is None or sb is None:
-        lines.append(f"syncs gate n/a: {syncs}")
-    else:
-        fails = sb - sa > sync_threshold
-        lines.append(f"syncs gate {'FAILED' if fails else 'passed'}: {syncs} "
-                     f"(allowed +{sync_threshold:g})")  # fmt: skip
-        if fails:
-            failed.append("syncs")
+    results = [
+        ("throughput", *_throughput_gate(a, b, threshold)),
+        ("MFU", *_mfu_gate(a, b, threshold)),
+        ("syncs", *_syncs_gate(a, b, sync_threshold)),
+    ]
+    lines = [line for _, line, _ in results]
+    failed = [name for name, _, fails in results if fails]
     if failed:
         lines.append(f"worse: B failed the {' and '.join(failed)} gate{'s' * (len(failed) > 1)}")
     else:
         lines.append("ok: B failed no gate")
     return lines
+
+
+def _throughput_gate(a: RunFiles, b: RunFiles, threshold: float) -> tuple[str, bool]:
+    label, ta = a.rate(like=b)
+    _, tb = b.rate(like=a)
+    if not ta or tb is None:
+        return f"throughput gate n/a: {label} not in both runs' files", False
+    change = (tb - ta) / ta
+    fails = -change > threshold
+    return (f"throughput gate {'FAILED' if fails else 'passed'}: {label} {100 * change:+.1f}% "
+            f"(allowed -{100 * threshold:g}%)"), fails  # fmt: skip
+
+
+def _mfu_gate(a: RunFiles, b: RunFiles, threshold: float) -> tuple[str, bool]:
+    ma, mb = a.figure("throughput", ("mfu",)), b.figure("throughput", ("mfu",))
+    if not ma or mb is None:
+        return "MFU gate n/a: MFU not in both runs' throughput.json", False
+    fails = (ma - mb) / ma > threshold
+    return (f"MFU gate {'FAILED' if fails else 'passed'}: {100 * ma:.1f}% -> "
+            f"{100 * mb:.1f}% (allowed -{100 * threshold:g}% of A's)"), fails  # fmt: skip
+
+
+def _syncs_gate(a: RunFiles, b: RunFiles, sync_threshold: float | None) -> tuple[str, bool]:
+    sa = a.figure("syncs", ("summary", "steady_syncs_per_batch"))
+    sb = b.figure("syncs", ("summary", "steady_syncs_per_batch"))
+    if sa is None or sb is None:
+        syncs = "syncs per steady batch n/a (a syncs.json is missing)"
+    else:
+        syncs = f"syncs per steady batch {sa:.2f} -> {sb:.2f}"
+    if sync_threshold is None:
+        return f"syncs gate off: {syncs} (--sync-threshold N turns it on)", False
+    if sa is None or sb is None:
+        return f"syncs gate n/a: {syncs}", False
+    fails = sb - sa > sync_threshold
+    verdict = "FAILED" if fails else "passed"
+    return f"syncs gate {verdict}: {syncs} (allowed +{sync_threshold:g})", fails
 
 
 def main(argv: list[str] | None = None) -> int:

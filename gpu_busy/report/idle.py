@@ -147,16 +147,25 @@ def render_table(report: dict[str, Any]) -> list[str]:
         row("syncs per batch (CUDA sync debug, all)", "cuda_syncs_per_batch", share=False, unit="")
     if many:
         row("host: backward (holds DDP waits)", "host_backward_ms", share=False)
+    return [title, *_aligned(rows), *_trace_lines(report.get("traces", []))]
+
+
+def _aligned(rows: list[tuple[str, list[str], str]]) -> list[str]:
     # Columns as wide as their widest entry, so a long label or a four-digit time never runs
     # into its neighbour.
     label_w = max(len(label) for label, _, _ in rows) + 2
     cell_w = max(len(c) for _, cells, _ in rows for c in cells) + 3
-    lines = [title] + [
+    return [
         (f"{label:<{label_w}}" + "".join(f"{c:>{cell_w}}" for c in cells)
          + (f"   {tail}" if tail else "")).rstrip()
         for label, cells, tail in rows
     ]  # fmt: skip
-    for t in report.get("traces", []):
+
+
+def _trace_lines(traces: list[dict]) -> list[str]:
+    """One line per profiler trace the report read."""
+    lines = []
+    for t in traces:
         if not t.get("device_events"):
             lines.append(f"trace {t.get('path', '')}: no device activity (a CPU run): n/a")
             continue

@@ -54,21 +54,26 @@ def batch_breakdown(
         3, 1, figsize=(10, 7), sharex=True, gridspec_kw={"height_ratios": [2, 2, 1]}
     )
     for ax, (ylabel, layers) in zip(axes, panels, strict=True):
-        values = [[r[col[key]] for r in rows] for _, key, _ in layers]
-        labels, colors = [label for label, _, _ in layers], [c for _, _, c in layers]
-        if len(steps) < 50:  # bars: every batch seen, a single one too
-            bottom = [0.0] * len(steps)
-            for v, label, colour in zip(values, labels, colors, strict=True):
-                ax.bar(steps, v, bottom=bottom, label=label, color=colour, width=0.8)
-                bottom = [b + x for b, x in zip(bottom, v, strict=True)]
-        else:
-            ax.stackplot(steps, *values, labels=labels, colors=colors)
+        _stacked(ax, steps, [[r[col[key]] for r in rows] for _, key, _ in layers], layers)
         ax.set_ylabel(ylabel)
         ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
     axes[0].set_title(title or "where each training batch's time went")
     axes[-1].set_xlabel("training batch")
     axes[-1].xaxis.set_major_locator(MaxNLocator(integer=True))
     return _save(plt, fig, path)
+
+
+def _stacked(ax: Any, steps: list[float], values: list[list[float]], layers: list) -> None:
+    """``values`` stacked over the batches: bars while each batch can be seen (a single
+    one too), an area past 50."""
+    labels, colors = [label for label, _, _ in layers], [c for _, _, c in layers]
+    if len(steps) >= 50:
+        ax.stackplot(steps, *values, labels=labels, colors=colors)
+        return
+    bottom = [0.0] * len(steps)
+    for v, label, colour in zip(values, labels, colors, strict=True):
+        ax.bar(steps, v, bottom=bottom, label=label, color=colour, width=0.8)
+        bottom = [b + x for b, x in zip(bottom, v, strict=True)]
 
 
 def _mean_by_step(series: dict[int, list[list[float]]]) -> list[list[float]]:
@@ -97,32 +102,41 @@ def side_by_side(a: RunFiles, b: RunFiles, path: str | Path) -> Path | None:
     lost += [(f"idle: {c.label}", c.key, c.colour) for c in cause_table.TABLE]
     lost = [p for p in lost if any(r.figure("idle", ("mean", p[1])) for _, _, r in runs)]
     fig, (whole, parts) = plt.subplots(1, 2, figsize=(11, 3), gridspec_kw={"width_ratios": [3, 2]})
+    _whole_batches(whole, runs, lost, a, b)
+    _time_lost(parts, runs, lost)
+    return _save(plt, fig, path)
+
+
+def _whole_batches(ax: Any, runs: tuple, lost: list, a: RunFiles, b: RunFiles) -> None:
+    """Each run's batch as one stacked bar (the step, then the time lost), with its rate."""
     longest = 0.0
     for y, _, run in runs:
         left = 0.0
         for label, key, colour in [("the step", "device_ms", "#4c72b0"), *lost]:
             width = run.figure("idle", ("mean", key)) or 0.0
-            whole.barh(y, width, left=left, color=colour, label=label if y else None)
+            ax.barh(y, width, left=left, color=colour, label=label if y else None)
             left += width
         name, value = run.rate(like=a if run is b else b)
-        whole.text(left, y, f" {rounded(value)} {name}", va="center", fontsize=8)
+        ax.text(left, y, f" {rounded(value)} {name}", va="center", fontsize=8)
         longest = max(longest, left)
-    whole.set_xlim(0, longest * 1.3 or 1)
-    whole.set_yticks([1, 0], ["A", "B"])
-    whole.set_xlabel("ms per training batch (mean over ranks)")
-    whole.set_title(f"A: {a.folder}\nB: {b.folder}", fontsize=7, loc="left")
+    ax.set_xlim(0, longest * 1.3 or 1)
+    ax.set_yticks([1, 0], ["A", "B"])
+    ax.set_xlabel("ms per training batch (mean over ranks)")
+    ax.set_title(f"A: {a.folder}\nB: {b.folder}", fontsize=7, loc="left")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.3), ncol=3, fontsize=8, frameon=False)
+
+
+def _time_lost(ax: Any, runs: tuple, lost: list) -> None:
+    """The time lost, each kind for both runs, on its own scale."""
     height = 0.38
     for y, tag, run in runs:
         values = [run.figure("idle", ("mean", key)) or 0.0 for _, key, _ in lost]
         offsets = [i + (height / 2 if y else -height / 2) for i in range(len(lost))]
-        parts.barh(offsets, values, height=height, color="0.3" if y else "0.7", label=tag)
-    parts.set_yticks(range(len(lost)), [label for label, _, _ in lost], fontsize=8)
-    parts.invert_yaxis()
-    parts.set_xlabel("ms per batch: the time lost, on its own scale")
-    parts.legend(fontsize=8, frameon=False)
-    whole.legend(loc="upper center", bbox_to_anchor=(0.5, -0.3), ncol=3, fontsize=8,
-                 frameon=False)  # fmt: skip
-    return _save(plt, fig, path)
+        ax.barh(offsets, values, height=height, color="0.3" if y else "0.7", label=tag)
+    ax.set_yticks(range(len(lost)), [label for label, _, _ in lost], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("ms per batch: the time lost, on its own scale")
+    ax.legend(fontsize=8, frameon=False)
 
 
 def _pyplot() -> Any:

@@ -44,19 +44,9 @@ def decide(idle: dict[str, Any] | None, syncs: dict[str, Any] | None = None) -> 
     syncs_text = _syncs_seen(syncs, cuda)
 
     limit = cause_table.thresholds()
-    # Each candidate is one row of the idle table, with that row's figure.
-    candidates = [
-        (cause.verdict, mean.get(cause.key), _idle_text(cause, syncs))
-        for cause in cause_table.TABLE
-    ]
-    candidates += [
-        ("transfer", mean.get("transfer_host_ms"), _transfer_text),
-        ("copies", mean.get("copy_ms") if cuda else None, _copies_text),
-        *_slow_rank(idle.get("ranks") or []),
-    ]
     bound = [
         (ms / step, cause, text)
-        for cause, ms, text in candidates
+        for cause, ms, text in _candidates(idle, syncs, cuda)
         if ms is not None and ms / step >= limit[cause]
     ]
     if not bound:
@@ -74,6 +64,17 @@ def decide(idle: dict[str, Any] | None, syncs: dict[str, Any] | None = None) -> 
     share, cause, text = max(bound, key=lambda b: b[0])
     pct = f"{100 * share:.0f}% of a step; a problem above {100 * limit[cause]:.0f}%"
     return Verdict(cause, share, f"verdict: bound by {text(share * step, pct)}{syncs_text}")
+
+
+def _candidates(idle: dict, syncs: dict | None, cuda: bool) -> list[tuple[str, Any, Any]]:
+    """Each row of the idle table that can bound a run: ``(cause, ms per batch, text)``."""
+    mean = idle["mean"]
+    return [
+        *((c.verdict, mean.get(c.key), _idle_text(c, syncs)) for c in cause_table.TABLE),
+        ("transfer", mean.get("transfer_host_ms"), _transfer_text),
+        ("copies", mean.get("copy_ms") if cuda else None, _copies_text),
+        *_slow_rank(idle.get("ranks") or []),
+    ]
 
 
 def _idle_text(cause, syncs: dict | None):

@@ -223,7 +223,32 @@ def _read_sharded(folder: Path) -> dict:
             f"{folder} is a sharded checkpoint whose index ({DCP_METADATA}) cannot be read "
             f"({' '.join(str(e).split())[:120]})"
         ) from None
-    shards = {folder / info.relative_path for info in index.storage_data.values()}
+    meta = folder / LIGHTNING_META
+    _check_finished(folder, {folder / info.relative_path for info in index.storage_data.values()})
+    try:
+        checkpoint = torch.load(meta, map_location="cpu", weights_only=True)
+    except Exception as e:  # a torch.load of any damage
+        raise UnusableCheckpoint(
+            f"{meta} is not a readable checkpoint part ({' '.join(str(e).split())[:120]})"
+        ) from None
+    if not isinstance(checkpoint, dict):
+        raise UnusableCheckpoint(f"{meta} holds a {type(checkpoint).__name__}, not a dictionary")
+    saved = index.state_dict_metadata
+    checkpoint["state_dict"] = {
+        key.removeprefix("state_dict."): torch.empty(item.size, dtype=item.properties.dtype,
+                                                     device="meta")
+        for key, item in saved.items()
+        if key.startswith("state_dict.") and isinstance(item, TensorStorageMetadata)
+    }  # fmt: skip
+    optimizers = {key.partition(".")[0] for key in saved if key.startswith("optimizer_")}
+    if optimizers:  # their states stay in the shards
+        checkpoint["optimizer_states"] = [None] * len(optimizers)
+    return checkpoint
+
+
+def _check_finished(folder: Path, shards: set[Path]) -> None:
+    """A sharded save every rank finished: each shard written before the index, the index
+    before Lightning's ``meta.pt`` (see ``_read_sharded``)."""
     missing = sorted(p.name for p in shards if not p.is_file())
     meta = folder / LIGHTNING_META
     times = [p.stat().st_mtime_ns for p in shards if p.is_file()]
@@ -240,25 +265,6 @@ def _read_sharded(folder: Path) -> dict:
             f"{folder} is a sharded checkpoint whose save did not finish (its {LIGHTNING_META} "
             "is older than its index: the save stopped between them)"
         )
-    try:
-        checkpoint = torch.load(meta, map_location="cpu", weights_only=True)
-    except Exception as e:  # a torch.load of any damage
-        raise UnusableCheckpoint(
-            f"{meta} is not a readable checkpoint part ({' '.join(str(e).split())[:120]})"
-        ) from None
-    if not isinstance(checkpoint, dict):
-        raise UnusableCheckpoint(f"{meta} holds a {type(checkpoint).__name__}, not a dictionary")
-    state, optimizers = {}, set()
-    for key, item in index.state_dict_metadata.items():
-        group, _, name = key.partition(".")
-        if group == "state_dict" and isinstance(item, TensorStorageMetadata):
-            state[name] = torch.empty(item.size, dtype=item.properties.dtype, device="meta")
-        elif group.startswith("optimizer_"):
-            optimizers.add(group)
-    checkpoint["state_dict"] = state
-    if optimizers:  # their states stay in the shards
-        checkpoint["optimizer_states"] = [None] * len(optimizers)
-    return checkpoint
 
 
 def resume_problem(checkpoint: Mapping, path: str | os.PathLike, *, training: bool) -> str | None:

@@ -86,74 +86,10 @@ class StateSnapshot:
         and ``ready``, which returns once the device copies have landed (at once on a CPU).
         Call ``take`` again only after the previous snapshot was written. Raises what
         pickling raises for an object ``torch.save`` could not save either."""
-        buffers: list[torch.UntypedStorage] = []
-        index: dict[int, int] = {}  # by storage: views of one share it, as torch.save keeps
-        on_device: dict[torch.device, list[tuple[Any, Any]]] = {}
-
-        def slot(storage: torch.UntypedStorage) -> int:
-            """The storage's buffer, its copy started (the device's on the side stream)."""
-            key = storage._cdata
-            if key not in index:
-                index[key] = i = len(buffers)
-                device = self._on_device(storage)
-                buffers.append(buffer := self._buffer(i, storage, pinned=device))
-                if device:
-                    on_device.setdefault(storage.device, []).append((buffer, storage))
-                else:
-                    _bytes(buffer).copy_(_bytes(storage))
-            return index[key]
-
-        class Reach(pickle.Pickler):
-            def persistent_id(self, obj: Any) -> Any:
-                if isinstance(obj, torch.storage.TypedStorage):
-                    storage, dtype = obj._untyped_storage, obj.dtype
-                elif isinstance(obj, torch.UntypedStorage):
-                    storage, dtype = obj, None
-                else:
-                    return None
-                if storage.device.type == "meta":  # no data: pickled as it is
-                    return None
-                return slot(storage), dtype
-
-        class Rebuild(pickle.Unpickler):
-            def persistent_load(self, pid: Any) -> Any:
-                i, dtype = pid
-                if dtype is None:
-                    return buffers[i]
-                return torch.storage.TypedStorage(
-                    wrap_storage=buffers[i], dtype=dtype, _internal=True
-                )
-
-        def copied(obj: Any) -> Any:
-            """``obj`` as torch.save reaches it: every storage it holds, however deep."""
-            data = io.BytesIO()
-            Reach(data, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
-            data.seek(0)
-            return Rebuild(data).load()
-
-        def walk(x: Any) -> Any:
-            # The containers a checkpoint is built of, and its plain tensors, walked here:
-            # the same storages and buffers as pickling, at a sixth of its host time
-            # (ResNet-50 with Adam, 803 tensors). Anything else goes through pickling.
-            if type(x) is torch.Tensor and _plain(x):
-                buffer = buffers[slot(x.untyped_storage())]
-                return torch.empty(0, dtype=x.dtype).set_(
-                    buffer, x.storage_offset(), x.size(), x.stride()
-                )
-            if isinstance(x, _IMMUTABLE):
-                return x
-            if type(x) in (dict, OrderedDict):
-                out = copy.copy(x)  # its attributes too (a state_dict's _metadata)
-                for key, value in x.items():
-                    out[key] = walk(value)
-                return out
-            if type(x) in (list, tuple):
-                return type(x)(walk(v) for v in x)
-            return copied(x)  # an object, a module, an array, a set: training could change it
-
-        state = walk(checkpoint)
-        del self._buffers[len(buffers) :]  # a smaller layout than last time: free the rest
-        events = [self._copy_on_side_stream(d, pairs) for d, pairs in on_device.items()]
+        layout = _Layout(self)
+        state = layout.walk(checkpoint)
+        del self._buffers[len(layout.buffers) :]  # a smaller layout than last time: free the rest
+        events = [self._copy_on_side_stream(d, pairs) for d, pairs in layout.on_device.items()]
 
         def ready() -> None:
             for event in events:
@@ -190,3 +126,85 @@ class StateSnapshot:
         done.record(side)
         compute.wait_event(done)  # the next step's writes wait for the copies, on the GPU
         return done
+
+
+class _Layout:
+    """One ``take``: the buffers its storages went to, by storage (views of one share it,
+    as torch.save keeps), and the device copies still to start."""
+
+    def __init__(self, snapshot: StateSnapshot) -> None:
+        self.snapshot = snapshot
+        self.buffers: list[torch.UntypedStorage] = []
+        self.index: dict[int, int] = {}
+        self.on_device: dict[torch.device, list[tuple[Any, Any]]] = {}
+
+    def slot(self, storage: torch.UntypedStorage) -> int:
+        """The storage's buffer, its copy started (the device's on the side stream)."""
+        key = storage._cdata
+        if key not in self.index:
+            self.index[key] = i = len(self.buffers)
+            device = self.snapshot._on_device(storage)
+            self.buffers.append(buffer := self.snapshot._buffer(i, storage, pinned=device))
+            if device:
+                self.on_device.setdefault(storage.device, []).append((buffer, storage))
+            else:
+                _bytes(buffer).copy_(_bytes(storage))
+        return self.index[key]
+
+    def walk(self, x: Any) -> Any:
+        # The containers a checkpoint is built of, and its plain tensors, walked here:
+        # the same storages and buffers as pickling, at a sixth of its host time
+        # (ResNet-50 with Adam, 803 tensors). Anything else goes through pickling.
+        if type(x) is torch.Tensor and _plain(x):
+            buffer = self.buffers[self.slot(x.untyped_storage())]
+            return torch.empty(0, dtype=x.dtype).set_(
+                buffer, x.storage_offset(), x.size(), x.stride()
+            )
+        if isinstance(x, _IMMUTABLE):
+            return x
+        if type(x) in (dict, OrderedDict):
+            out = copy.copy(x)  # its attributes too (a state_dict's _metadata)
+            for key, value in x.items():
+                out[key] = self.walk(value)
+            return out
+        if type(x) in (list, tuple):
+            return type(x)(self.walk(v) for v in x)
+        return self.copied(x)  # an object, a module, an array, a set: training could change it
+
+    def copied(self, obj: Any) -> Any:
+        """``obj`` as torch.save reaches it: every storage it holds, however deep."""
+        data = io.BytesIO()
+        _Reach(self, data, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+        data.seek(0)
+        return _Rebuild(self, data).load()
+
+
+class _Reach(pickle.Pickler):
+    def __init__(self, layout: _Layout, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.layout = layout
+
+    def persistent_id(self, obj: Any) -> Any:
+        if isinstance(obj, torch.storage.TypedStorage):
+            storage, dtype = obj._untyped_storage, obj.dtype
+        elif isinstance(obj, torch.UntypedStorage):
+            storage, dtype = obj, None
+        else:
+            return None
+        if storage.device.type == "meta":  # no data: pickled as it is
+            return None
+        return self.layout.slot(storage), dtype
+
+
+class _Rebuild(pickle.Unpickler):
+    def __init__(self, layout: _Layout, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.layout = layout
+
+    def persistent_load(self, pid: Any) -> Any:
+        i, dtype = pid
+        if dtype is None:
+            return self.layout.buffers[i]
+        return torch.storage.TypedStorage(
+            wrap_storage=self.layout.buffers[i], dtype=dtype, _internal=True
+        )

@@ -214,6 +214,19 @@ def event_here(op: str, phase: str, aten: str | None, origins: tuple = ()) -> Sy
                     via, via_frame = where, frame
             in_loop = in_loop or bool(_TRAINING_LOOP.search(filename))
         frame = frame.f_back
+    found = _origin_line(frames, origins)
+    if found is not None:
+        filename, lineno, function, where = found
+        return _event_at_line(op, filename, lineno, phase, aten, tuple(chain[:12]), where,
+                              function)  # fmt: skip
+    if via_frame is not None:
+        return _event_at(op, via_frame, phase, aten, tuple(chain[:12]), None)
+    return SyncEvent(op, "<library>", 0, "", "", phase, aten, tuple(chain[:12]), via)
+
+
+def _origin_line(frames: list, origins: tuple) -> tuple[str, int, str, str] | None:
+    """The user line one of ``origins`` finds for a library frame, innermost first:
+    ``(filename, lineno, function, via)``."""
     for library_frame, where in frames:
         for origin in origins:
             try:
@@ -227,11 +240,8 @@ def event_here(op: str, phase: str, aten: str | None, origins: tuple = ()) -> Sy
                 if reader and reader[0] is not None:
                     asked, code = reader[0], reader[0].f_code
                     where = f"{short_path(code.co_filename)}:{asked.f_lineno} in {code.co_name}"
-                return _event_at_line(op, filename, lineno, phase, aten, tuple(chain[:12]),
-                                      where, function)  # fmt: skip
-    if via_frame is not None:
-        return _event_at(op, via_frame, phase, aten, tuple(chain[:12]), None)
-    return SyncEvent(op, "<library>", 0, "", "", phase, aten, tuple(chain[:12]), via)
+                return filename, lineno, function, where
+    return None
 
 
 def _event_at(op: str, frame: Any, phase: str, aten: str | None, chain: tuple, via: Any):

@@ -551,6 +551,42 @@ BACKWARD_RULES[torch.prod] = BACKWARD_RULES[torch.Tensor.prod] = Rule(
 BACKWARD_RULES[torch.Tensor.cumprod] = BACKWARD_RULES[torch.cumprod]
 BACKWARD_RULES[torch.masked_scatter] = BACKWARD_RULES[torch.Tensor.masked_scatter]
 
+# Lightning's own reads, recognised by a function in the chain of a sync event (first
+# match wins), with the fix the report gives; callbacks.SyncPointDetector passes them as
+# its detector's chain_hints. Matched by name (nothing here imports Lightning). Private:
+# _TrainingEpochLoop._broadcast_sigterm_tensor (2.5.2 to 2.6), _LoggerConnector.on_batch_end,
+# .progress_bar_metrics and .update_train_step_metrics (2.0 to 2.6); public:
+# Trainer.callback_metrics. Pinned by tests/contracts/test_lightning_compat.py.
+LIGHTNING_READS: tuple[tuple[str, str], ...] = (
+    (
+        "_broadcast_sigterm_tensor",
+        "Lightning's per-step DDP SIGTERM check: add gpu_busy.callbacks.StopOnSignal "
+        "(on in the default config), which checks every N steps instead",
+    ),
+    (
+        "in on_batch_end",
+        "drop prog_bar=True from this self.log: Lightning converts a prog_bar value with an "
+        ".item() after every step; LoggingStepProgressBar shows logged values at logging "
+        "steps without a wait",
+    ),
+    (
+        "progress_bar_metrics",
+        "the progress bar reads prog_bar metrics when it refreshes: use "
+        "gpu_busy.callbacks.LoggingStepProgressBar",
+    ),
+    (
+        "update_train_step_metrics",
+        "Lightning writes the logged metrics to the loggers (logging steps only): expected; "
+        "a larger log_every_n_steps does it less often",
+    ),
+    (
+        "callback_metrics",
+        "trainer.callback_metrics converts logged tensors to numbers: read it at logging "
+        "steps or at epoch end",
+    ),
+)
+
+
 # Reads a library makes on the caller's behalf, by the function in the chain that makes it
 # (``SyncEvent.chain``), with the fix at the caller's side; first match wins.
 LIBRARY_READS: tuple[tuple[str, str], ...] = (

@@ -24,7 +24,7 @@ from gpu_busy.syncs.attribution import SyncEvent, fix_for, is_library
 
 def fix_hint(event: SyncEvent, chain_hints: tuple[tuple[str, str], ...] = ()) -> str:
     """One line saying how to avoid this sync (``detector.fix_for``; Lightning's own reads
-    in ``chain_hints``, from ``lightning_compat.LIGHTNING_READS``)."""
+    in ``chain_hints``, from ``rules.LIGHTNING_READS``)."""
     fix = fix_for(event.chain, event.hint, chain_hints)
     return fix or "find what reads device memory on the host here; defer it to logging steps"
 

@@ -317,7 +317,7 @@ def test_the_lightning_functions_named_in_sync_fixes_exist():
         _LoggerConnector,
     )
 
-    from gpu_busy.lightning_compat import LIGHTNING_READS
+    from gpu_busy.syncs.rules import LIGHTNING_READS
 
     owners = {
         "_broadcast_sigterm_tensor": _TrainingEpochLoop,

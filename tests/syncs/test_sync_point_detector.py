@@ -12,9 +12,9 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from gpu_busy import lightning_compat as compat
 from gpu_busy.callbacks import LoggingStepProgressBar, SyncPointDetector
 from gpu_busy.syncs import SyncError, assert_no_syncs
+from gpu_busy.syncs.rules import LIGHTNING_READS
 from template.data import ImageDataModule
 from template.models import ImageClassifier, classifier
 from tests.conftest import DEBUG, DEFAULT, ROOT, cli_main
@@ -388,7 +388,7 @@ def test_strict_fails_at_the_self_log_line_of_a_prog_bar_metric(tmp_path):
         _fit(tmp_path, ProgBarLoss(width=4), [SyncPointDetector(strict=True)])
     fix = str(raised.value).split("; fix: ")[1]
     assert fix.startswith("drop prog_bar=True from this self.log") and "log the tensor" not in fix
-    (reported,) = [h for marker, h in compat.LIGHTNING_READS if marker == "in on_batch_end"]
+    (reported,) = [h for marker, h in LIGHTNING_READS if marker == "in on_batch_end"]
     assert fix == reported
     assert pl.LightningModule.log.__module__ == "lightning.pytorch.core.module"  # unwrapped
 

@@ -23,7 +23,7 @@ from gpu_busy.cli.carried import import_class
 from gpu_busy.config_files import class_sections, close_match, config_files, named_class_path
 from gpu_busy.errors import UserError
 
-# Options of the parser that are not settings of the run.
+# Options of the parser that are not settings of the run (nor is a class's --<key>.help).
 NOT_SETTINGS = frozenset({"config", "help", "print_config"})
 # What a class given by path takes besides its own arguments.
 SUBCLASS_KEYS = frozenset({"class_path", "init_args", "dict_kwargs"})
@@ -64,7 +64,7 @@ def _command_line_settings(tail: list[str]) -> Iterator[tuple[str, str, object]]
         if not has_value:
             following = tail[i + 1] if i + 1 < len(tail) else None
             value = following if following and not following.startswith("--") else None
-        if name.split(".")[0] not in NOT_SETTINGS:
+        if name.split(".")[0] not in NOT_SETTINGS and not name.endswith(".help"):
             yield name.replace(".init_args.", "."), "the command line", value
 
 

@@ -570,6 +570,14 @@ def test_a_misspelt_key_on_the_command_line_says_so(in_tmp, capsys):
     assert line.startswith("error: the command line: model.widht is not an option; did you mean")
 
 
+def test_a_class_help_is_help_not_a_misspelt_key(in_tmp, capsys):
+    # Keys are checked before jsonargparse parses: its per-class --<group>.help is no key.
+    with pytest.raises(SystemExit):
+        fit("--model.help", "template.models.ImageClassifier")
+    out = capsys.readouterr()
+    assert "--model.width" in out.out and "error:" not in out.err
+
+
 def test_a_broken_config_file_is_refused_before_torch_is_imported(tmp_path):
     """The one-line error does not wait for the heavy imports (about 10 s here)."""
     (tmp_path / "mine.yaml").write_text("model:\n  width: [16\n")

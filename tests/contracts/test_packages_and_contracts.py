@@ -368,3 +368,15 @@ def test_readmes_map_names_every_module_and_folder_of_the_package():
     }
     assert present - named == set(), f"README's map leaves out {sorted(present - named)}"
     assert named - present == set(), f"README's map names what is gone: {sorted(named - present)}"
+
+
+def test_no_module_of_the_package_is_too_long_to_hold_in_mind():
+    # A room a maintainer can live in: past 500 lines a module is split by what each part
+    # is (cli/, syncs/). The sync rules are one table, each row citing its source: they
+    # stay together. Function size is ruff's C90 rule (pyproject.toml: complexity 15).
+    long = {
+        str(p.relative_to(ROOT)): n
+        for p in sorted((ROOT / "gpu_busy").rglob("*.py"))
+        if (n := len(p.read_text().splitlines())) > 500 and p.name != "rules.py"
+    }
+    assert long == {}, f"modules over 500 lines: {long}"

@@ -13,25 +13,29 @@ import os
 import re
 
 import torch
+from lightning.pytorch.cli import LightningCLI
 
 from gpu_busy.cli.keys import given_settings
 
 
 def argument_error_line(error: BaseException, args: list[str]) -> str:
     """jsonargparse's refusal of a value as one line: the setting the user gave whose value
-    it quotes (where exactly one is), and the first line of its message that quotes it.
+    its innermost error quotes (the check that failed), else its whole message quotes,
+    where exactly one does; with the first line of the message that quotes that value.
     Otherwise its whole message, on one line."""
-    subcommand = next((a for a in args if not a.startswith("-")), "")
+    subcommand = next((a for a in args if a in LightningCLI.subcommands()), "")
+    settings = [
+        (key, where, str(value))
+        for key, where, value in given_settings(args, subcommand)
+        if isinstance(value, str | int | float) and not isinstance(value, bool)
+    ]
     lines = [line.strip(" -") for line in str(error).splitlines()]
-    quoted = []
-    for key, where, value in given_settings(args, subcommand):
-        if isinstance(value, str | int | float) and not isinstance(value, bool):
-            line = next((x for x in lines if _quotes(x, str(value))), None)
-            if line is not None:
-                quoted.append((key, where, value, line))
-    if len(quoted) == 1:
-        key, where, value, line = quoted[0]
-        return f"{where}: {key}={value}: {line}"
+    for text in (str(innermost(error)), str(error)):
+        quoted = [s for s in settings if _quotes(text, s[2])]
+        if len(quoted) == 1:
+            key, where, value = quoted[0]
+            line = next((x for x in lines if _quotes(x, value)), text)
+            return f"{where}: {key}={value}: {line}"
     return " ".join(str(error).split())
 
 

@@ -28,6 +28,9 @@ CASES = [
      "did you mean model.lr?"),
     (["--data.batch_size=many"], "the command line: data.batch_size=many: Expected a <class "
      "'int'>. Got value: many"),
+    # a setting whose value is a word of the message too ('Parser key "data"')
+    (["--data.data_dir=data", "--data.batch_size=many"], "the command line: "
+     "data.batch_size=many: Expected a <class 'int'>. Got value: many"),
     # a constructor's own refusal: a UserError, then any other error
     (["--model.lr=-1"], "model.lr must be greater than 0, got -1.0"),
     (["--data.crop_padding=-1"], "building the trainer, model or data from the config failed "

@@ -20,7 +20,13 @@ from collections.abc import Iterator
 import yaml
 
 from gpu_busy.cli.carried import import_class
-from gpu_busy.config_files import class_sections, close_match, config_files, named_class_path
+from gpu_busy.config_files import (
+    class_sections,
+    close_match,
+    config_files,
+    named_class_path,
+    read_settings,
+)
 from gpu_busy.errors import UserError
 
 # Options of the parser that are not settings of the run (nor is a class's --<key>.help).
@@ -42,7 +48,7 @@ def given_settings(args: list[str], subcommand: str) -> Iterator[tuple[str, str,
     tail = args[args.index(subcommand) + 1 :] if subcommand in args else []
     for file in config_files(tail):
         try:
-            tree = yaml.safe_load(file.read_text())
+            tree = read_settings(file)
         except (OSError, yaml.YAMLError):
             continue  # check_config_files has said so
         for key, value in _tree_settings(tree):

@@ -592,3 +592,14 @@ def test_a_broken_config_file_is_refused_before_torch_is_imported(tmp_path):
         assert len(errors) == 1 and config in errors[0], result.stderr[-2000:]
         imported = [x.split("|")[-1].strip() for x in result.stderr.splitlines() if "|" in x]
         assert "yaml" in imported and "torch" not in imported and "lightning" not in imported
+
+
+def test_a_config_file_is_parsed_once_and_again_when_it_changes(tmp_path):
+    from gpu_busy.config_files import read_settings
+
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("model:\n  width: 8\n")
+    first = read_settings(mine)
+    assert first == {"model": {"width": 8}} and read_settings(mine) is first
+    mine.write_text("model:\n  width: 16\n  depth: 34\n")
+    assert read_settings(mine) == {"model": {"width": 16, "depth": 34}}

@@ -1,5 +1,10 @@
-"""What the command line checks before anything is built or spawned: the run folder can be
-written, a cluster launch is whole, a taken MASTER_PORT, the precision for the device."""
+"""What the command line checks before any process is spawned: the run folder can be
+written, a cluster launch is whole, a taken MASTER_PORT, the precision for the device.
+
+Example::
+
+    check_master_port(trainer.num_devices * trainer.num_nodes)   # UserError if taken
+"""
 
 from __future__ import annotations
 

@@ -21,6 +21,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 OLDEST_JSONARGPARSE := $(VENV)/oldest-jsonargparse
+JSONARGPARSE_LOWEST := $(shell sed -n 's/.*"jsonargparse\[signatures\]>=\([0-9.]*\)".*/\1/p' pyproject.toml)
 
 DEFAULT_CONFIG := configs/default.yaml
 # An overlay applied on top of the default config.
@@ -77,7 +78,7 @@ $(STAMP): pyproject.toml $(LOCK)
 	@# The oldest jsonargparse pyproject.toml allows, beside the locked one: the command line's
 	@# one-line errors are tested on both (tests/cli/test_jsonargparse_bounds.py).
 	$(VENV)/bin/uv pip install --quiet --python $(PY) $(INSTALL_FROM) --no-deps \
-	  --target $(OLDEST_JSONARGPARSE) "jsonargparse==$$(sed -n 's/.*"jsonargparse\[signatures\]>=\([0-9.]*\)".*/\1/p' pyproject.toml)" \
+	  --target $(OLDEST_JSONARGPARSE) "jsonargparse==$(JSONARGPARSE_LOWEST)" \
 	  || echo "warning: the oldest jsonargparse did not install; its bound's tests will say so"
 	@# Bytecode now, once: uv leaves it to the first import, and where PYTHONDONTWRITEBYTECODE
 	@# is set every process compiles torch and Lightning again (15 s of each start on 2 cores).
@@ -104,6 +105,8 @@ wheelhouse:
 	  $(foreach p,$(PLATFORM),--platform $(p)) \
 	  $(if $(PYTHON_VERSION),--python-version $(PYTHON_VERSION)) \
 	  --no-deps -r $(WHEELHOUSE)/wanted.txt 'setuptools>=68' wheel
+	$(PYTHON) -m pip download --quiet --only-binary=:all: --dest $(WHEELHOUSE) --no-deps \
+	  "jsonargparse==$(JSONARGPARSE_LOWEST)"  # make install's second, oldest jsonargparse
 	@echo "$(WHEELHOUSE): $$(ls $(WHEELHOUSE)/*.whl | wc -l) wheels; install with: make install WHEELHOUSE=$(WHEELHOUSE)"
 
 TRAIN_FLAGS := $(if $(filter-out $(DEFAULT_CONFIG),$(CONFIG)),--config $(CONFIG))

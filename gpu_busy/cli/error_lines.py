@@ -84,8 +84,9 @@ def devices_line(error: BaseException, accelerator: object, devices: object) -> 
     command that fits it."""
     found = torch.cuda.device_count() if torch.cuda.is_available() else 0
     gpus = "`make train GPUS=N` for N of them, " if found else "`make train` (the CPU), "
+    refused = " ".join(str(error).split())  # Lightning's own message, all its lines
     return (
-        f"trainer.accelerator={accelerator} trainer.devices={devices}: {one_line(error)} "
+        f"trainer.accelerator={accelerator} trainer.devices={devices}: {refused} "
         f"(this machine has {found} GPU(s)); run {gpus}or `make train ACCELERATOR=cpu "
         "DEVICES=N` for N-process DDP on the CPU"
     )

@@ -603,3 +603,21 @@ def test_a_config_file_is_parsed_once_and_again_when_it_changes(tmp_path):
     assert first == {"model": {"width": 8}} and read_settings(mine) is first
     mine.write_text("model:\n  width: 16\n  depth: 34\n")
     assert read_settings(mine) == {"model": {"width": 16, "depth": 34}}
+
+
+def test_lightnings_refusal_of_more_gpus_than_exist_is_reworded_whole(monkeypatch):
+    # On a GPU machine with one GPU, devices=4 is refused by Lightning's device parser
+    # (lightning/fabric/utilities/device_parser.py, _sanitize_gpu_ids) in two lines.
+    from lightning.fabric.accelerators import cuda
+    from lightning.fabric.utilities.device_parser import _sanitize_gpu_ids
+
+    from gpu_busy.cli.error_lines import devices_line, raised_choosing_devices
+
+    monkeypatch.setattr(cuda, "_get_all_visible_cuda_devices", lambda: [0])
+    with pytest.raises(Exception) as refused:
+        _sanitize_gpu_ids([0, 1, 2, 3], include_cuda=True)
+    assert raised_choosing_devices(refused.value)
+    line = devices_line(refused.value, "gpu", 4)
+    said = "You requested gpu: [0, 1, 2, 3] But your machine only has: [0] (this machine has "
+    assert line.startswith(f"trainer.accelerator=gpu trainer.devices=4: {said}")
+    assert "\n" not in line

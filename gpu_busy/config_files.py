@@ -70,12 +70,22 @@ def _expanded_size(root: yaml.Node | None) -> int:
     return 0 if root is None else size(root, 0)
 
 
+# The groups a config names a class for (LightningCLI's subclass mode).
+CLASS_GROUPS = ("model", "data")
+
+
+def import_class(path: str) -> type:
+    """The class a dotted ``class_path`` names."""
+    module, _, name = str(path).rpartition(".")
+    return getattr(importlib.import_module(module), name)
+
+
 def check_config_files(args: list[str]) -> None:
     """Each ``--config`` file must parse as YAML; jsonargparse's own error does not say which
     of several files it is in."""
     for file in config_files(args, existing=False):
         _check_config_file(file)
-    for group in ("model", "data"):
+    for group in CLASS_GROUPS:
         path = named_class_path(group, args)
         problem = path and class_path_problem(path)
         if problem:

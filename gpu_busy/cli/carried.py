@@ -1,13 +1,13 @@
-"""Settings the config files made for another class, and the classes the config names."""
+"""Settings the config files made for another class than the one a run ends up with."""
 
 from __future__ import annotations
 
-import importlib
 import inspect
 
 from jsonargparse import Namespace
 
-from gpu_busy.config_files import class_sections
+from gpu_busy.cli.keys import command_line_settings
+from gpu_busy.config_files import class_sections, import_class
 from gpu_busy.errors import UserError
 
 
@@ -78,10 +78,11 @@ def carried_settings(group: str, final: object, args: list[str]) -> dict[str, tu
     """
     if not isinstance(final, Namespace) or not final.get("class_path"):
         return {}
-    given = set()
-    for arg in args:
-        if arg.startswith(f"--{group}."):
-            given.add(arg[len(group) + 3 :].split("=", 1)[0].removeprefix("init_args."))
+    given = {
+        key.split(".", 1)[1]
+        for key, _, _ in command_line_settings(args)
+        if key.startswith(f"{group}.")
+    }
     values = final.get("init_args") or Namespace()
     carried: dict[str, tuple] = {}
     for _, current, settings in class_sections(group, args):
@@ -91,11 +92,6 @@ def carried_settings(group: str, final: object, args: list[str]) -> dict[str, tu
             if name not in given and name in values and values.get(name) == value:
                 carried[name] = (value, current)
     return carried
-
-
-def import_class(path: str) -> type:
-    module, _, name = str(path).rpartition(".")
-    return getattr(importlib.import_module(module), name)
 
 
 def _subclass_of(path: str, base: str) -> bool:

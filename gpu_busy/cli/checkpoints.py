@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from jsonargparse import Namespace
 
-from gpu_busy.cli.carried import import_class
+from gpu_busy.config_files import import_class
 from gpu_busy.errors import UserError
 from gpu_busy.log import get_logger
 from gpu_busy.resume import checkpoint_file

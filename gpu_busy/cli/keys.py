@@ -19,11 +19,12 @@ from collections.abc import Iterator
 
 import yaml
 
-from gpu_busy.cli.carried import import_class
 from gpu_busy.config_files import (
+    CLASS_GROUPS,
     class_sections,
     close_match,
     config_files,
+    import_class,
     named_class_path,
     read_settings,
 )
@@ -33,7 +34,6 @@ from gpu_busy.errors import UserError
 NOT_SETTINGS = frozenset({"config", "help", "print_config"})
 # What a class given by path takes besides its own arguments.
 SUBCLASS_KEYS = frozenset({"class_path", "init_args", "dict_kwargs"})
-CLASS_GROUPS = ("model", "data")
 
 
 class KeyNotAccepted(UserError):
@@ -45,7 +45,7 @@ def given_settings(args: list[str], subcommand: str) -> Iterator[tuple[str, str,
     file's (in order), then the command line's. ``init_args`` levels are left out of the
     key; a class group's settings made while a config file named another class are left
     out too (they are carried settings: ``carried.leave_out_carried`` decides those)."""
-    tail = args[args.index(subcommand) + 1 :] if subcommand in args else []
+    tail = _after(args, subcommand)
     for file in config_files(tail):
         try:
             tree = read_settings(file)
@@ -58,10 +58,15 @@ def given_settings(args: list[str], subcommand: str) -> Iterator[tuple[str, str,
         for file, current, settings in class_sections(group, tail):
             if current in (None, final):
                 yield from ((f"{group}.{name}", str(file), v) for name, v in settings.items())
-    yield from _command_line_settings(tail)
+    yield from command_line_settings(tail)
 
 
-def _command_line_settings(tail: list[str]) -> Iterator[tuple[str, str, object]]:
+def _after(args: list[str], subcommand: str) -> list[str]:
+    return args[args.index(subcommand) + 1 :] if subcommand in args else []
+
+
+def command_line_settings(tail: list[str]) -> Iterator[tuple[str, str, object]]:
+    """``(key, "the command line", value)`` for each ``--key=value`` / ``--key value``."""
     for i, token in enumerate(tail):
         if not token.startswith("--"):
             continue
@@ -94,7 +99,7 @@ def unknown_key(parser, args: list[str], subcommand: str) -> KeyNotAccepted | No
         return None
     accepted = {"": {k.split(".")[0] for k in defaults}}
     accepted["trainer"] = {k.split(".")[1] for k in defaults if k.startswith("trainer.")}
-    tail = args[args.index(subcommand) + 1 :] if subcommand in args else []
+    tail = _after(args, subcommand)
     for group in CLASS_GROUPS:
         accepted[group] = _init_names(named_class_path(group, tail))
     for key, where, value in given_settings(args, subcommand):

@@ -12,7 +12,7 @@ from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.cli import LightningCLI
 
 from gpu_busy.callbacks.run_summary import RunSummary
-from gpu_busy.cli.carried import import_class, leave_out_carried
+from gpu_busy.cli.carried import leave_out_carried
 from gpu_busy.cli.checkpoints import (
     checkpoint_folders,
     evaluation_dir,
@@ -36,6 +36,7 @@ from gpu_busy.cli.preflight import (
     check_writable,
     resolve_precision,
 )
+from gpu_busy.config_files import CLASS_GROUPS, import_class
 from gpu_busy.errors import UserError
 from gpu_busy.faults.log_writes import guard_log_writes
 from gpu_busy.log import current_rank, get_logger
@@ -43,9 +44,6 @@ from gpu_busy.resume import checkpoint_file
 from gpu_busy.strategies import FullyShardedStrategy
 
 log = get_logger(__name__)
-
-
-CLASSES = ("model", "data")  # the groups a config names a class for
 
 
 class TrainingCLI(LightningCLI):
@@ -85,7 +83,7 @@ class TrainingCLI(LightningCLI):
         super().parse_arguments(parser, args)
         subcommand = self.config.get("subcommand")
         config = self.config[subcommand] if subcommand else None
-        lines = [leave_out_carried(g, config.get(g) if config else None, raw) for g in CLASSES]
+        lines = [leave_out_carried(g, config.get(g) if config else None, raw) for g in CLASS_GROUPS]
         self.left_out = [line for line in lines if line]  # said again under the summary
         for line in self.left_out:
             log.warning("%s", line)

@@ -1,13 +1,10 @@
 """Route a Lightning loop's batches through iterators of your own, stacked in layers.
 
-Lightning's fetchers call ``next()`` on the loop's CombinedLoader (``iter()`` returns
-the loader itself) and create a fresh inner iterator on every ``iter()``, sometimes
-with no callback hook between that ``iter()`` and the first ``next()``. So a callback
-cannot swap an iterator in from a hook; instead the CombinedLoader object gets a
-subclass whose ``__next__`` pulls its own items through the routed layers, built
-lazily at the first ``next()`` after each ``iter()``. Several callbacks can route the
-same loader: each owns a named layer, stacked by ``position`` (0 is next to the
-DataLoader). ``unroute`` removes a layer, and restores the original class with the last.
+Lightning's fetcher may call ``iter()`` and ``next()`` on the loop's CombinedLoader with
+no hook between, so the loader object gets a subclass whose ``__next__`` reads through
+the routed layers, built at the first ``next()`` after each ``iter()``. Each callback owns
+a named layer, stacked by ``position`` (0: next to the DataLoader); ``unroute`` removes
+one, and the last restores the class.
 
 Example::
 

@@ -1,29 +1,10 @@
 """Lightning's checkpoint writes, atomic on the run directory's own disk, and in the background.
 
-``AtomicCheckpointIO``:
-Lightning's ``TorchCheckpointIO`` writes a local file through an fsspec transaction that
-stages it in ``$TMPDIR`` and moves it into place. On a cluster, where ``/tmp`` is
-node-local and runs live on NFS or Lustre, that move is a truncate-and-copy: a kill
-during it leaves ``last.ckpt`` empty, and a full ``/tmp`` fails every save. This plugin
-stages beside the target instead (``gpu_busy.resume.checkpoint_file.write_atomically``),
-and a failed save ends the run with one line, its earlier checkpoints whole. Remote paths
-(``s3://``...) go through Lightning's own code. NumPy scalars (a scheduler's
-``numpy.float64`` learning rate) are saved as Python numbers, which the resume's safe
-load reads back.
-
-``BackgroundCheckpointIO`` (the default config's): the same atomic writes, made by a
-writer thread from a snapshot (``gpu_busy.resume.snapshot``), so the loop is held only for
-the snapshot: on a GPU the copies are enqueued on a side stream and the host does not
-wait. By default only where the state lives on a GPU: training on a CPU would lose the
-cores the writer takes (``background=True`` forces it there, where the snapshot is a
-memory copy). The file holds exactly the state at the save, however
-training goes on. One write at a time: a save while one is writing waits for it (its
-snapshot buffers are the ones reused), as do removing the file being written and the end
-of the run, so every checkpoint a callback was told was saved is on disk when the run ends. A
-failed write is logged when it fails; at the end the run fails with one line if a
-checkpoint's newest save never reached the disk. The snapshot's host memory (pinned on a
-GPU) is said at the first save. A state the snapshot cannot copy (an object pickling
-refuses) is written in place, and the first such save says so in one line.
+``AtomicCheckpointIO`` stages each file beside its target (not in ``$TMPDIR``), so a kill
+leaves the previous checkpoint whole; ``BackgroundCheckpointIO`` (the default config's)
+makes the same write from a thread, holding the loop only for a snapshot of the state.
+Why, what waits for what, and the failure lines: docs/ARCHITECTURE.md, "Saving and
+finding checkpoints".
 
 Example::
 

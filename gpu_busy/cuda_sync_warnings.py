@@ -1,23 +1,11 @@
 """Hear about every CUDA sync from PyTorch's own sync debug mode, printing nothing.
 
-With ``torch.cuda.set_sync_debug_mode("warn")`` PyTorch raises a C++ warning inside each
-call that makes the host wait for the GPU (``.item()``, ``.cpu()``, ``nonzero``,
-``Stream.synchronize()``); calls that do not synchronize never consult the mode, so a
-sync-free step pays nothing. ``cuda_sync_warnings(on_sync)`` arms that mode (leaving a
-mode the user set, such as "error", alone), calls ``on_sync()`` for each such warning
-heard on the thread that entered it, and swallows the warning. Nested listeners all hear
-each sync: the sync detector inside the idle monitor's marks, for instance.
-
-When a warning is heard: a C++ warning is buffered by the nearest Python binding's
-warning handler and issued when that binding returns (``torch/csrc/Exceptions.cpp``,
-``PyWarningHandler``), so ``on_sync`` runs after the op has finished, when the outermost
-Python call around it returns; for syncs in ``backward()``, when ``backward()`` returns.
-Calls bound without a handler (c10d's ``Work.wait``) send it to stderr instead: while it
-armed the mode, the listener gives ``torch.distributed.barrier`` the user's own mode, so
-a checkpoint's barrier under NCCL prints nothing (and is not heard).
-
-``DEBUG_MODE`` is the switch and the text listened for; tests replace it with a CPU
-stand-in that raises a C++ warning from inside a CPU kernel (tests/helpers/cuda_standin.py).
+``cuda_sync_warnings(on_sync)`` arms ``torch.cuda.set_sync_debug_mode("warn")`` (leaving a
+mode the user set alone), calls ``on_sync()`` for each warning heard on the entering
+thread, and swallows it; nested listeners all hear each sync. A warning is heard when the
+outermost Python binding around the op returns. ``DEBUG_MODE`` is the switch and the text
+listened for (tests stand a CPU warning in, tests/helpers/cuda_standin.py). Sources:
+docs/ARCHITECTURE.md, "CUDA assumptions".
 
 Example::
 

@@ -1,23 +1,11 @@
 """Copy the next batches to the GPU on a side stream while the current step computes.
 
-The copy of batch N+1 is enqueued on a side stream *before* step N's kernels, and the
-compute stream waits (on the GPU, not the host) for each batch's own copy event when the
-batch is handed over. Under Lightning that is when its fetcher reads the batch: for a
-loader with a length, just before the step that uses it, so ``depth + 1`` batches are on
-the device (the one computing, ``depth`` copying); for one without (an
-``IterableDataset``), Lightning's fetcher reads one batch ahead
-(``loops/fetchers.py``, ``_PrefetchDataFetcher``), so before step N the compute stream
-waits for N+1's copy (issued a step earlier, usually done) and ``depth + 2`` batches are
-resident. Count them in the memory a batch size needs.
-
-As the careful implementations do: one side stream, kept; an event after each copy;
-``record_stream`` on every handed-out tensor, so the caching allocator cannot reuse its
-memory while the compute stream still reads it; pageable batches pinned first, in a
-background thread, because ``non_blocking`` from pageable memory blocks the host.
-A batch is walked once (torch's pytree for the usual lists, tuples, dicts and
-namedtuples of tensors; ``apply_to_collection`` where a leaf is a dataclass or another
-object): tensors move, everything else passes through. On a non-CUDA device
-the same look-ahead runs with a synchronous move, so the bookkeeping is tested anywhere.
+The copy of batch N+1 is enqueued on a side stream before step N's kernels; the compute
+stream waits on the device for each batch's copy event when the batch is handed over.
+Memory: ``depth + 1`` batches are on the device (``depth + 2`` for a loader without a
+length, which Lightning's fetcher reads one ahead); count them in the batch size. Off
+CUDA the same look-ahead runs with a synchronous move. Details: docs/ARCHITECTURE.md,
+"Prefetching batches on a side stream".
 
 Example::
 

@@ -1,24 +1,11 @@
 """FSDP2 over every rank: Lightning's ``ModelParallelStrategy`` with no tensor parallelism.
 
-``ModelParallelStrategy`` builds a 2-D device mesh, ``data_parallel`` x ``tensor_parallel``,
-and its ``"auto"`` sizes are one node per data-parallel group and every GPU of a node in
-one tensor-parallel group (``lightning/pytorch/strategies/model_parallel.py``,
-``setup_environment``). Sharding alone (ZeRO-3: parameters, gradients and optimizer state
-split over all ranks) wants the opposite: every rank in ``data_parallel``, a
-tensor-parallel size of 1. A config cannot name the world size, so this class sets it
-once the processes exist. The model shards itself in ``configure_model`` over
-``self.device_mesh["data_parallel"]`` (``torch.distributed.fsdp.fully_shard``), as the
-example's ``ImageClassifier`` does.
-
-Buffers (BatchNorm's running statistics) are not sharded: FSDP2 leaves each rank its own,
-updated from its own batches, and a checkpoint keeps one rank's copy (torch's planner
-saves a replicated tensor once, from any rank). DDP instead broadcasts rank zero's
-buffers before every forward (``broadcast_buffers=True``), so every rank's statistics are
-rank zero's, updated from its own batches. Training-mode BatchNorm normalises with the
-batch's own statistics and only writes the running ones, so they are read only where a
-model evaluates or is saved: rank zero's are broadcast there, before each validation and
-each checkpoint, one collective per dtype on the device. The same statistics as DDP's,
-with nothing added to a training step.
+Its ``"auto"`` mesh would make a node one tensor-parallel group; this class puts every
+rank in ``data_parallel`` once the processes exist, and broadcasts rank zero's buffers
+(BatchNorm's statistics, which FSDP2 leaves per rank) before each validation and save,
+as DDP's statistics. The model shards itself in ``configure_model`` over
+``self.device_mesh["data_parallel"]``. Why and the sources: docs/ARCHITECTURE.md,
+"Sharding (FSDP2)".
 
 Example (``configs/fsdp.yaml``; ``make train STRATEGY=fsdp GPUS=4``)::
 

@@ -1,14 +1,10 @@
 """IdleTimeMonitor: how long the GPU sat idle in each training step, and why.
 
-Always on: the fit's one step timer (``StepClock``, a ``gpu_busy.idle.StepTimer`` shared
-with ``ThroughputMonitor``) times each step and the idle gap before it with CUDA events
-read back without a sync, and splits the gap into data wait, sync stall, launch-bound and
-other; the DataLoader wait is timed at the DataLoader, below any prefetcher. Exact mode:
-every ``trace_every_n_steps`` steps, on ``request_trace()`` or when ``<run dir>/TRACE`` is
-touched, a profiler window is saved to ``<run dir>/traces/`` and analysed
-(``gpu_busy.idle.ProfilerWindows``). Figures: ``idle/*`` at logging steps; at the end of
-fit one table for all ranks, ``idle.json`` and ``idle.png``. On a CPU host clocks stand in
-and the GPU-only figures read n/a. Details: docs/ARCHITECTURE.md, "Idle time".
+Always on: the fit's step timer (``StepClock``) gives each step's idle gap, split into
+data wait, sync stall, launch-bound and other. Exact mode: a profiler window every
+``trace_every_n_steps``, on ``request_trace()`` or when ``<run dir>/TRACE`` is touched.
+Figures: ``idle/*``, and at the end one table for all ranks, ``idle.json`` and ``idle.png``.
+Details: docs/GUIDE.md and docs/ARCHITECTURE.md, "Idle time".
 
 Example::
 

@@ -1,13 +1,10 @@
 """StopOnNonFiniteLoss: stop at the first NaN or Inf loss, without a per-step sync.
 
-Each step keeps a reference to the loss (``gpu_busy.faults.nonfinite``); the losses are
-checked on the device in batches, and nothing is read back in a step. At a logging step
-the first bad index, gathered over ranks, starts a copy to the host that nothing waits for;
-the next logging step reads it (``LateRead``), so every rank stops at the same check. Where
-a wait costs nothing new, the flag is read at once: before validation, at the end of each
-epoch, which is before ``ModelCheckpoint`` saves (Lightning runs checkpoint callbacks
-last), and at any other save. So a checkpoint is never written from non-finite weights:
-the last good one stays where it was, and the run ends with one line naming the step.
+The losses are checked on the device (``gpu_busy.faults.nonfinite``); a logging step sends
+the flag, over ranks, to the host without waiting, and the next one reads it. Where the
+loop waits anyway (before validation, at an epoch's end and any save) it is read at once,
+so no checkpoint is written from non-finite weights. Details: docs/ARCHITECTURE.md,
+"Resuming".
 
 Example::
 

@@ -1,18 +1,14 @@
 """The end-of-fit output, written once by rank zero: a verdict line, the reports, a summary.
 
-The other callbacks' reports (prefetch, sync points, idle time) are held back during fit
-and printed here, under one line that says what bounds the run (``gpu_busy.report.verdict``,
-from the idle and sync reports), then a one-paragraph summary. Figures are reduced over
-all ranks first (on every rank, so the collective never sits inside a rank-zero-only
-function). The score it reports is the one the best-checkpoint callback monitors
-(``ModelCheckpoint(monitor=...)``), so the metric that judges a run is named in one place.
-Throughput goes to ``run.json`` for ``python -m gpu_busy.report.compare``.
+The other callbacks' reports, held back during fit, are printed here under the line that
+says what bounds the run (``gpu_busy.report.verdict``), then one paragraph whose score is
+the metric the best-checkpoint callback monitors. Throughput goes to ``run.json`` for
+``python -m gpu_busy.report.compare``.
 
 Example::
 
     trainer = Trainer(callbacks=[IdleTimeMonitor(), RunSummary()])
     # 12:01:07 INFO verdict: bound by data loading: the device waited 41.20 ms per batch ...
-    # 12:01:07 INFO idle time: ...
     # 12:01:07 INFO fit done in 95.2 s: 3 epoch(s), 234 steps over 2 process(es), 59,904
     #          samples; val/acc 0.951; best checkpoint runs/...
 """

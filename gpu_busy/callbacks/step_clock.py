@@ -1,12 +1,9 @@
 """StepClock: the fit's one step timer, read by every monitor that times steps.
 
-One ``gpu_busy.idle.StepTimer`` (CUDA events from one pool, read back without a sync; host
-clocks off CUDA) times each training step and the gap before it. Each step's timing, with
-its batch's samples and tokens, goes to every monitor that subscribed (``IdleTimeMonitor``
-its idle causes, ``ThroughputMonitor`` its periods), and at a logging step their window
-figures go over ranks in one gather. The first monitor to subscribe in a fit puts the clock
-in place: two marks at the ends of the callback list bracket the step itself, so the other
-callbacks' per-step work falls between steps, where the GPU really waits for it.
+One ``gpu_busy.idle.StepTimer`` times each training step and the gap before it; each
+step's timing goes to every subscribed monitor, and at a logging step their window rows
+go over ranks in one gather. Two marks at the ends of the callback list bracket the step,
+so the other callbacks' work falls between steps, where the GPU really waits for it.
 
 Example::
 

@@ -1,12 +1,8 @@
 """StopOnSignal: on SIGTERM or SIGINT, save a checkpoint that resumes exactly, then stop.
 
-The current step finishes, ``last.ckpt`` is written in the run's checkpoint folder (so
-``--ckpt_path last`` continues from that very step), and the run ends with one line and
-exit code 128 + the signal (143, 130), as schedulers expect. A second Ctrl+C stops at
-once. Under DDP the ranks agree every ``every_n_steps`` steps (default
-``log_every_n_steps``, right after a logging step) in one all-reduce of their flags, so
-all stop at the same step; Lightning's own per-step broadcast (a collective and a sync
-every step, then exit code 0 without saving) is turned off. Details:
+The current step finishes, ``last.ckpt`` is written, and the run ends with one line and
+exit code 128 + the signal; a second Ctrl+C stops at once. Under DDP the ranks agree every
+``every_n_steps`` in one all-reduce, in place of Lightning's per-step broadcast. Details:
 docs/ARCHITECTURE.md, "Signals".
 
 Example::

@@ -1,19 +1,10 @@
 """StreamPrefetcher: copy batch N+1 to the GPU on a side stream while step N computes.
 
-Lightning copies each batch on the compute stream at the start of its own step, behind
-the previous step's kernels, so the copy never overlaps compute. With this callback the
-loop receives batches already on the device (``gpu_busy.prefetch``); Lightning's own
-transfer finds nothing to move, and ``on_after_batch_transfer`` still runs on the compute
-stream. It works for fit, validate, test and predict; on a CPU the same look-ahead runs
-with plain moves. It reads no batch Lightning would not have read (``limit_*_batches``,
-``max_steps``); when training stops early for a reason known only later, up to ``depth``
-read batches go unused. A LightningModule or DataModule that overrides
-``on_before_batch_transfer`` or ``transfer_batch_to_device`` owns the copy: the
-prefetcher then steps aside and says so once. Details: docs/ARCHITECTURE.md,
-"Prefetching batches on a side stream".
-
-Figures under ``prefetch/`` at logging steps, from CUDA events read with ``query()``:
-the copy's time, the part the compute stream waited for, the share hidden.
+The loop receives batches already on the device (``gpu_busy.prefetch``), in fit, validate,
+test and predict, reading no batch Lightning would not have read; a module that overrides
+``on_before_batch_transfer`` or ``transfer_batch_to_device`` owns the copy, and the
+prefetcher steps aside saying so. Figures under ``prefetch/``. Details: docs/GUIDE.md,
+"Prefetching to the GPU"; docs/ARCHITECTURE.md, "Prefetching batches on a side stream".
 
 Example::
 

@@ -1,18 +1,11 @@
 """SyncPointDetector: which lines make the host wait for the GPU, step by step.
 
-A watched step runs under ``gpu_busy.syncs.detect_syncs`` from the end of the previous
-step to the end of this one, so the syncs Lightning adds between steps are seen with the
-step's own; validation and epoch boundaries are not watched. The first steps are always
-watched, then a sample whose cost stays within ``overhead_budget`` of the fit
-(``gpu_busy.syncs.sampling``); every rank watches the same steps. ``strict=True`` raises
-``SyncError`` at the first sync in a watched step that is neither the fit's first
-(set-up), a logging step nor right after one, in the step or in the loop's and the
-module's own work around it, never in a callback's hooks. On a CPU-only run CPU tensors
-count as device memory, so CPU CI finds the lines a GPU run would. Details:
-docs/ARCHITECTURE.md, "Finding host-device syncs".
-
-Figures: ``syncs/*`` at logging steps; at the end of fit rank zero prints every rank's
-sites with a fix each and the measured overhead, and writes ``syncs.json``.
+Watches the first steps, then a sample within ``overhead_budget`` of the fit, the same
+steps on every rank, each from the previous step's end to its own; ``strict=True`` fails
+at the first sync outside set-up and logging steps. On a CPU-only run CPU tensors count
+as device memory. Figures: ``syncs/*``, and at the end every site with a fix
+(``syncs.json``). Details: docs/GUIDE.md and docs/ARCHITECTURE.md, "Finding host-device
+syncs".
 
 Example::
 

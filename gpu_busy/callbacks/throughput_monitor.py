@@ -1,13 +1,10 @@
 """ThroughputMonitor: samples/s, FLOPs per batch, MFU and peak memory, without a sync.
 
-Unlike Lightning's ``ThroughputMonitor``, which synchronises at every batch to read the
-host's clock, the time comes from the device's: the fit's one step timer (``StepClock``,
-shared with ``IdleTimeMonitor``) gives each step's period (``ThroughputStats``); the
-FLOPs from PyTorch's counter around the fit's first training step and its backward
-(``FlopCount``; or ``flops_per_batch=``), the peak from a table of datasheets
-(``peak_flops``; or ``peak_tflops=``), and memory from the caching allocator's counters
-(``MemoryPeaks``). Figures: ``throughput/*`` at logging steps; at the end of fit one line
-that leads the run summary, and ``throughput.json``. Details: docs/GUIDE.md, "Throughput".
+Unlike Lightning's, which synchronises at every batch, the time comes from the fit's step
+timer (``StepClock``); the FLOPs from PyTorch's counter around the first step (or
+``flops_per_batch=``), the peak from the datasheets' table (or ``peak_tflops=``), memory
+from the allocator's counters. Figures: ``throughput/*`` and ``throughput.json``. Details:
+docs/GUIDE.md, "Throughput, MFU and memory".
 
 Example::
 

@@ -1,13 +1,9 @@
 """PeerWatch: every rank learns within bounded time that another rank failed.
 
-Under DDP a rank that raises or dies leaves the others blocked in their next collective
-(gloo: a traceback naming nobody; NCCL: its 30-minute timeout). This watch runs on a
-thread per rank over a store every rank reaches (the process group's, under a prefix):
-each rank beats a heartbeat and reads the shared ``failed`` record every
-``poll_interval``; a rank that raises writes ``failed`` (first writer wins); rank zero
-also declares failed a launcher child that exited or a rank whose heartbeat stalled for
-``peer_timeout``. Then ``on_failure(rank, reason)`` runs on the watch thread. Bounds and details:
-docs/ARCHITECTURE.md, "A failed rank".
+A thread per rank beats a heartbeat into a store every rank reaches and reads its shared
+``failed`` record (first writer wins); rank zero also fails a launcher child that exited
+or a heartbeat stalled past ``peer_timeout``. ``on_failure(rank, reason)`` runs on that
+thread. Bounds: docs/ARCHITECTURE.md, "A failed rank".
 
 Example::
 

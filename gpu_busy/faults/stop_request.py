@@ -1,11 +1,8 @@
 """SIGTERM and SIGINT as a request to stop, which the training loop answers when it can.
 
-The handler only records the signal: it can run between any two bytecodes of the main
-thread, where printing or a collective could deadlock. The loop polls ``requested`` at a
-step boundary, saves and stops; a second SIGINT raises ``TrainingStopped`` at once (exit
-code 130, nothing saved: the checkpoints written before stay), except inside
-``stops_deferred()`` (a checkpoint being written), where it waits for the block's end: the
-file is finished, then the run stops.
+The handler only records the signal (printing or a collective there could deadlock); the
+loop polls ``requested`` at a step boundary. A second SIGINT raises ``TrainingStopped`` at
+once, except inside ``stops_deferred()`` (a checkpoint being written), which it lets end.
 
 Example::
 

@@ -1,14 +1,9 @@
 """Why the GPU waited: one row per idle cause, read by everything that names one.
 
-Each row gives the cause's name (``idle_<name>_ms`` in ``IdleStats``, ``idle.json``, the
-logged metrics), its label (report, compare, picture), the cause the verdict calls it and
-the share of a step at which it becomes a problem, whether a host clock can tell it, its
-colour, and the verdict's words for it. ``split_gap`` divides a gap by cause; the step
-timer and the trace analysis both use it, each with the evidence its clock gives. The
-rules are written down in docs/ARCHITECTURE.md, "Idle time".
-
-Adding a cause is a row here and the ``IdleStats`` field that sums it; the evidence for it
-comes from the clocks (``StepTimer._attribute``, ``trace._classify``).
+A row is a cause's name (``idle_<name>_ms``), label, verdict name and threshold, whether a
+host clock can tell it, colour and advice; ``split_gap`` divides a gap by the rows. A new
+cause is a row and the ``IdleStats`` field that sums it. The rules: docs/ARCHITECTURE.md,
+"Idle time".
 
 Example::
 
@@ -16,7 +11,6 @@ Example::
     # {"data_wait": 2.0, "sync_stall": 4.0, "launch_bound": 0.0, "other": 0.0}
     split_gap(6.0, overlaps={"data_wait": 2.0}, holds=None)   # a host clock
     # {"data_wait": 2.0, "sync_stall": None, "launch_bound": None, "other": 4.0}
-    [c.label for c in TABLE]   # ["data wait", "sync stall", "launch-bound", "other"]
 """
 
 from __future__ import annotations

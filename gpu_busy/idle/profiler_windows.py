@@ -1,10 +1,9 @@
 """Exact idle time, now and then: ``torch.profiler`` windows over a few steps, analysed.
 
-A window opens at a step boundary (every ``every_n_steps`` steps, on ``request()``, or
-once ``trigger`` was touched), warms the profiler up for one step, records ``steps``
-steps, exports ``rank<R>-step<S>.pt.trace.json`` to ``folder`` (or to a temporary file
-when None) and keeps ``analyze_trace``'s result in ``results``. ``stop()`` drops a window
-cut short (validation or an epoch end would land inside it).
+A window opens at a step boundary (every ``every_n_steps``, on ``request()``, or once
+``trigger`` was touched), warms up for a step, records ``steps`` steps, exports
+``rank<R>-step<S>.pt.trace.json`` and keeps ``analyze_trace``'s result; ``stop()`` drops
+a window cut short.
 
 Example::
 

@@ -1,8 +1,8 @@
 """Sums of step timings over a window of steps, and a bounded per-step series for plots.
 
-``IdleStats`` is a flat list of numbers so that ranks can all-gather and add it;
-``means()`` turns it into per-step figures. ``StepSeries`` keeps at most ``capacity``
-rows however long the run: when full it keeps every other row and samples half as often.
+``IdleStats`` is a flat list of numbers that ranks all-gather and add; ``means()`` gives
+per-step figures (``loader_wait_ms``: the host's wait for the DataLoader; ``idle_<cause>_ms``:
+GPU idle by cause). ``StepSeries`` keeps at most ``capacity`` rows, thinning as it fills.
 
 Example::
 
@@ -10,10 +10,6 @@ Example::
     for timing in timer.poll():
         window.add_step(timing)
     window.means(cuda=True)   # {"idle_pct": 3.1, "idle_ms": 0.4, "idle_data_wait_ms": ...}
-
-Names: ``loader_wait_ms`` is the host's own wait for the DataLoader (timed once, by the
-step timer); ``idle_<cause>_ms`` is GPU idle time and its share by cause, so
-``idle_data_wait_ms`` is the part of the idle that happened while the host waited.
 """
 
 from __future__ import annotations

@@ -1,24 +1,10 @@
 """Per-step GPU idle time from CUDA events on the compute stream, read without a sync.
 
-Five marks per training step, recorded on the compute stream as the host passes them::
-
-    end(N-1) ──after── hooks_done(N-1) ──idle── ready(N) ──transfer── start(N) ──device── end(N)
-
-``ready`` is recorded when the DataLoader handed over the step's batch: if the GPU
-drained before then, ``ready`` runs as soon as it is enqueued, so ``end(N-1) → ready(N)``
-is the time the compute stream had nothing to run, less the work other callbacks enqueued
-after the step (``hooks_done``: an EMA update), which counts as the step's device time.
-
-Between two marks the device time ``d`` and the host's time ``h`` are both known. The
-host's own work explains at most ``h`` of ``d``; only the excess ``d - h`` is proven to
-be device work. So the copy (``copy_ms``) is the part of ``ready → start`` the host's
-hooks and loop do not explain, and a callback's kernels after the step are the part of
-``end → hooks_done`` its host time does not explain: never the host's time under another
-name. Events come from a bounded pool and
-are read back with ``query()`` once complete, never with ``synchronize()``. Off CUDA, host
-clocks stand in for events and the figures only a GPU queue gives are None. How the idle
-interval is split into causes (data wait, sync stall, launch-bound, other) and the blind
-spots: docs/ARCHITECTURE.md, "Idle time".
+Five marks a step, ``end(N-1) → hooks_done(N-1) → ready(N) → start(N) → end(N)``, give
+the work enqueued after a step, the idle gap, the transfer and the step's device time;
+``idle.causes`` splits the gap. Events come from a bounded pool and are read with
+``query()``; off CUDA host clocks stand in and the GPU-only figures are None. The marks,
+the ``d - h`` rule and the blind spots: docs/ARCHITECTURE.md, "Idle time".
 
 Example::
 

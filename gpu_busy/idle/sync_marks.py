@@ -1,13 +1,9 @@
 """When the host started each CUDA sync, from CUDA's own sync debug mode, at no cost per step.
 
-PyTorch's sync debug mode warns at every synchronizing CUDA call inside an op
-(``.item()``, ``.cpu()``, ``nonzero``); a step without syncs pays nothing. The warning
-reaches Python when the op returns, so the mark is the sync's end. Explicit
-``torch.cuda.synchronize()``, ``Event.synchronize()`` and
-``torch.accelerator.synchronize()`` never consult the mode (``c10/cuda/CUDAFunctions.cpp``,
-``CUDAEvent.h``): while open, ``SyncMarks`` wraps those entry points and marks their
-start. ``StepTimer`` uses the marks to tell a sync stall from other idle. Nothing is
-printed; a mode the user chose ("error") is left alone; ``close()`` restores everything.
+A sync inside an op is marked when its warning arrives (the op's end); the explicit
+``synchronize()`` entry points, which never consult the mode, are wrapped while open and
+marked at their start. ``StepTimer`` reads the marks to tell a sync stall from other idle.
+Details: docs/ARCHITECTURE.md, "Idle time".
 
 Example::
 

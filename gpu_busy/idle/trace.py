@@ -1,13 +1,9 @@
 """Exact GPU idle time from a profiler trace: what the step-boundary events cannot see.
 
-``analyze_trace`` reads a Chrome trace as ``torch.profiler`` exports it (a path, gzipped
-or not, or the loaded dict). Device activity is every ``kernel``, ``gpu_memcpy`` and
-``gpu_memset`` event on any stream: ``span_ms`` (last end minus first start), ``busy_ms``
-(the union of the intervals) and ``idle_ms``, for the whole trace and per
-``ProfilerStep#N``; NCCL apart (``nccl_ms``, ``idle_without_nccl_ms``). Each gap is a host
-wait or not as Holistic Trace Analysis defines it, and host waits get the step timer's
-causes from what the host was doing when the GPU ran dry. Details:
-docs/ARCHITECTURE.md, "Idle time".
+``analyze_trace`` reads a ``torch.profiler`` Chrome trace (a path, gzipped or not, or the
+loaded dict): span, busy and idle time of every kernel, memcpy and memset, for the whole
+trace and per ``ProfilerStep#N``, NCCL apart, and each host wait split by the step
+timer's causes. Details: docs/ARCHITECTURE.md, "Idle time".
 
 Example::
 

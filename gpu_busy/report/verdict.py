@@ -1,11 +1,8 @@
 """One line per run: what bounds it, the figure that shows it, and the first thing to try.
 
-``decide`` reads the reports the callbacks already write (``idle.json``'s and
-``syncs.json``'s contents) and applies one rule: every cause of lost device time is a share
-of the device's step (idle by cause, the unhidden batch copy, the wait for a slower rank);
-the largest share at or above its threshold bounds the run; when none is, the device itself
-does. A cause the clock cannot measure (sync stalls and launch gaps need a GPU queue) is
-not a candidate: it is never guessed. The rules and their thresholds are written down in
+``decide`` reads ``idle.json``'s and ``syncs.json``'s contents: every cause of lost device
+time is a share of the step, and the largest at or above its threshold bounds the run,
+else the device itself. A cause the clock cannot measure is never a candidate. The rules:
 docs/ARCHITECTURE.md, "The verdict".
 
 Example::

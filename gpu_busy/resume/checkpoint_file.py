@@ -1,17 +1,10 @@
 """Checkpoint files that survive a cluster, and reads that say what a file is before use.
 
-Writes: ``write_atomically`` stages the bytes beside the target (same filesystem, whatever
-``$TMPDIR`` is), fsyncs, then renames over it, so a kill, a full disk or a crash leaves
-the previous file whole and no partial file under a checkpoint name. Free space is
-checked on the target's own disk first.
-
-Reads: ``read_checkpoint`` refuses, each with one line (``UnusableCheckpoint``), a file
-that is missing, is not a ``torch.save`` archive (truncated, empty, something else), was
-damaged after it was written (``torch.save`` stores a CRC-32 of every record in the zip
-archive; ``torch.load`` does not check it, this does), or holds pickled objects other
-than tensors and plain data (unpickling them could run code). It loads with ``mmap``, so
-tensor bytes are not read. ``resume_problem`` and ``shape_mismatches`` then say whether
-the contents can resume a fit of a given model.
+``write_atomically`` stages beside the target, fsyncs and renames; ``read_checkpoint``
+refuses with one line (``UnusableCheckpoint``) a file that is missing, not a ``torch.save``
+archive, damaged (its CRC-32s) or holding objects other than tensors and plain data;
+``resume_problem`` and ``shape_mismatches`` say whether it can resume a model. What is
+checked and why: docs/ARCHITECTURE.md, "Saving and finding checkpoints".
 
 Example::
 

@@ -1,13 +1,8 @@
 """This process's random generator states as one int64 tensor, and back.
 
-A resumed run draws the same augmentations and dropout masks as an uninterrupted one only
-if it starts from the generators' states at the checkpoint. Lightning checkpoints do not
-hold them, and each rank has its own, so they travel as one fixed-layout tensor per rank:
-cheap to all-gather, and loadable with ``torch.load(weights_only=True)`` (no pickled
-objects).
-
-Covered: torch's CPU generator, the current CUDA device's generator (when CUDA is in use),
-NumPy's global generator and Python's ``random``.
+torch's CPU generator, the current CUDA device's, NumPy's global one and Python's
+``random``, in a fixed layout: cheap to all-gather, and loadable with
+``torch.load(weights_only=True)``. Why: docs/ARCHITECTURE.md, "Exact resume".
 
 Example::
 

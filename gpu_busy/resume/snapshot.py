@@ -1,22 +1,10 @@
 """A checkpoint's state copied into host memory the loop can go on without: what a
 background write saves, exactly as it was at the save.
 
-A checkpoint dict holds the live tensors themselves (``state_dict()`` shares the
-parameters' and the optimizer's storage; a module kept in the hyperparameters is the live
-module), so a thread that serialises it while training goes on writes a mix of steps.
-``StateSnapshot.take`` copies it the way ``torch.save`` reaches it: it pickles the
-checkpoint in memory with the serializer's own hook for storages (``persistent_id``), so
-every storage is found wherever it sits (a dict, a dataclass, an ``nn.Module`` or an
-optimizer pickled whole), and unpickles it with each storage replaced by a host buffer of
-its own (kept and reused by the next save of the same layout). Everything else is copied
-by the pickle round trip, so an object training changes later is not seen either.
-
-On CUDA the device storages are copied on a side stream into pinned buffers: the stream
-first waits for the compute stream's work so far (the state at the save), and the compute
-stream then waits for the copies (an event, on the device), so the next optimizer step
-cannot overwrite a tensor before it is copied and the host does not wait at all. No copy
-is made on the device, and the writer, after ``ready`` (that event), reads host memory
-only. CPU storages are copied at once.
+Storages are found as ``torch.save`` finds them (its ``persistent_id`` hook) and copied
+into host buffers kept for the next save of the same layout; on CUDA the copies run on a
+side stream into pinned memory, ordered by events, and the host never waits. Details
+and sources: docs/ARCHITECTURE.md, "Saving and finding checkpoints".
 
 Example::
 

@@ -1,18 +1,9 @@
 """What each sync cost: how long the host sat in it, and how long the GPU then stood idle.
 
-A sync waits until the queue it reads from has run dry; when it returns, the GPU has
-nothing left to run until the host launches work again. ``SyncTimeline`` is told, on one
-host clock, when each sync began and returned, when the next op that launches device
-work was dispatched, and how long the measuring code itself ran in between (time the
-program would not have spent), and gives each sync two figures:
-
-- ``host_ms``: from the call to its return: the wait for the queued work, plus the copy.
-- ``idle_after_ms``: from the return to the next launch (or the next sync, which then owns
-  the idle that follows it), less the measuring code's own time: the GPU idle the sync
-  caused. None when nothing was launched before the watched window closed: not measured.
-
-The figures are host-clock intervals. They are GPU time only on a GPU, where a sync
-drains a real queue; in the CPU simulation the same mechanism runs, and reports read n/a.
+``SyncTimeline`` is told, on one host clock, when each sync began and returned, when the
+next op that launches device work was dispatched, and the measuring code's own time;
+``host_ms`` is the call, ``idle_after_ms`` the idle it left until the next launch (None:
+not measured). GPU time only on a GPU; the CPU simulation's reports read n/a.
 
 Example::
 

@@ -1,15 +1,10 @@
 """Find every operation that makes the host wait for the device, and name the line.
 
-``detect_syncs`` records each sync while it is active, with the innermost frame of *your*
-code (going outward from the op: not an installed library, the standard library or this
-package's mechanisms), the library chain in between and the phase. Three layers see them:
-a ``TorchDispatchMode`` with a table of the aten ops that read device memory back, a
-``TorchFunctionMode`` for the Python-level reads (``.item()``, ``bool(t)``, ``.cpu()``,
-``.tolist()``, ``print(t)``, ...), and wrappers around explicit ``synchronize()``; on CUDA
-``set_sync_debug_mode("warn")`` catches what the table misses. With ``device_type="cpu"``
-every CPU tensor counts as device memory, so a machine without a GPU finds the same
-lines. Active, it costs a Python call per aten op: watch a sample of steps, as
-``SyncPointDetector`` does. Details: docs/ARCHITECTURE.md, "Finding host-device syncs".
+``detect_syncs`` records each sync while active, with the innermost frame of *your* code,
+the library chain below it and the phase, from three layers (``syncs.layers``) and, on
+CUDA, its sync debug mode. With ``device_type="cpu"`` CPU tensors count as device memory,
+so CI without a GPU finds the same lines. It costs a Python call per aten op: watch a
+sample of steps. Details: docs/ARCHITECTURE.md, "Finding host-device syncs".
 
 Example::
 

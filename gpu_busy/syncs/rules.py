@@ -1,15 +1,10 @@
 """The one table of sync rules: which call makes the host wait, when, what to call it,
 and what to do instead.
 
-A rule's ``syncs(d, args, kwargs)`` answers for one call; ``d.on_device(t)`` is the one
-place that says whether a tensor is device memory (on a GPU: a tensor on it; in the CPU
-simulation: a CPU tensor that a GPU run would hold on the device, see ``SyncDetector``).
-``ATEN_RULES`` are matched by the dispatch layer, whatever Python API reached the op;
-``PYTHON_RULES`` by the function layer, where the Python-level intent is visible (a
-Python number against a tensor, a ``"cpu"`` string against ``x.device``). A Python rule
-``owns`` its call: what the call runs underneath is neither counted again nor counted
-instead. Each case names its source in PyTorch (``test/test_torch.py::test_sync_warning``,
-the kernels that read a value back, the docs' "synchronizes" notes).
+A rule's ``syncs(d, args, kwargs)`` answers for one call, with ``d.on_device(t)`` the one
+test of device memory. ``ATEN_RULES`` are matched by the dispatch layer, ``PYTHON_RULES``
+by the function layer, where a Python rule ``owns`` its call (what it runs underneath is
+not counted again). Each case names its source in PyTorch.
 
 Example::
 

@@ -1,10 +1,8 @@
 """Choose which steps to watch so that an expensive probe costs a bounded share of time.
 
-A watched step costs ``extra`` (a fraction of a plain step) more than a plain one; step
-``n``, after ``w`` watched, is watched only if ``(w + 1) * extra <= budget * (n + 1)``.
-The decision depends only on the step number, the steps watched and ``extra``, which
-changes only in ``update()``: ranks that update with the same reduced figures watch the
-same steps. Details: docs/ARCHITECTURE.md, "Finding host-device syncs".
+Step ``n``, after ``w`` watched, is watched only if ``(w + 1) * extra <= budget * (n + 1)``,
+``extra`` being a watched step's extra cost; ranks that ``update()`` with the same reduced
+figures watch the same steps. Details: docs/ARCHITECTURE.md, "Finding host-device syncs".
 
 Example::
 

@@ -1,14 +1,10 @@
 """A training loop's steps as the sync detector watches them: the detector's one owner.
 
-Each step has a window from the end of the step before to the end of its own, so the
-work a loop does between steps (Lightning's logging, the next batch's fetch and
-transfer) counts with the step it serves. A ``WatchSchedule`` says which windows are
-watched. In a watched window ``strict`` applies to the step unless it is the fit's
-first, a logging step or right after one (those set up, or read metrics back by design),
-and to the loop's work after the step unless the step logged; never inside the
-callbacks' hooks (``hooks_begin``/``hooks_end``): a save every N steps is not a step's
-sync. The caller only says where the loop is; this class enters and leaves the detector,
-arms ``strict`` and times the windows for the schedule.
+A step's window runs from the end of the step before to the end of its own, so the
+loop's work between steps counts with the step it serves; a ``WatchSchedule`` picks the
+windows. The caller says where the loop is; this class enters and leaves the detector,
+arms ``strict`` (never inside the callbacks' hooks) and times the windows. The rule:
+docs/ARCHITECTURE.md, "Finding host-device syncs".
 
 Example::
 

@@ -1,16 +1,10 @@
 """FLOPs of one real training batch, counted by PyTorch's own counter.
 
-``torch.utils.flop_counter.FlopCounterMode`` is a dispatch mode: it sees every aten op
-that runs under it, on any device, and adds the FLOPs of those it has a formula for
-(matmuls, convolutions, attention; elementwise ops count 0, as MFU's convention has it).
-``FlopCount`` runs it around given calls (the training step's forward, then its backward)
-and adds them up. Each call gets its own mode, entered and left inside the call: a mode
-held open from one hook to another would break the mode stack's order with any other mode
-entered between them (the sync detector's). Activation checkpointing's recomputed forward
-is counted too: the figure is what the hardware ran, which MFU's convention leaves out.
-The counter's table lacks the CPU's fused attention kernel (``torch/utils/flop_counter.py``
-registers the CUDA ones only), so ``CPU_ATTENTION`` adds it with the counter's own formula:
-without it a transformer's attention counts 0 on a CPU.
+``FlopCount`` runs ``FlopCounterMode`` inside given calls (the step's forward, then its
+backward), one mode per call so the mode stack stays ordered with the sync detector's.
+Elementwise ops count 0, as MFU's convention has it; a recomputed (checkpointed) forward
+counts, since the hardware ran it. ``CPU_ATTENTION`` adds the CPU's fused attention, which
+the counter lacks (docs/ARCHITECTURE.md, "CUDA assumptions").
 
 Example::
 

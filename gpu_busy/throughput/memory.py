@@ -1,15 +1,9 @@
 """Peak device memory per training step, from the caching allocator's host-side counters.
 
-The CUDA caching allocator keeps its statistics in host memory, under its own lock:
-``torch.cuda.memory_stats_as_nested_dict`` copies them (``torch._C._cuda_memoryStats``)
-and ``torch.cuda.reset_peak_memory_stats`` sets each peak back to the current value,
-neither calling into the device, so neither waits for it (docs/ARCHITECTURE.md, "CUDA
-behaviour"). Each step starts with a reset and ends with a read: the step's peak of
-allocated memory (tensors) and of reserved memory (what the allocator holds from the
-driver). Reserved far above allocated is memory cached in blocks the next allocation
-cannot use, fragmentation, which ``expandable_segments`` reduces. Off CUDA: no figures.
-The reset is the allocator's own: anyone else's ``max_memory_allocated()`` reads one step's
-peak while this runs.
+Each step starts with ``reset_peak_memory_stats`` and ends with a read of the allocator's
+statistics; neither calls into the device (docs/ARCHITECTURE.md, "CUDA assumptions").
+Reserved far above allocated is fragmentation. Off CUDA: no figures. The reset is the
+allocator's own, so anyone else's ``max_memory_allocated()`` reads one step's peak.
 
 Example::
 

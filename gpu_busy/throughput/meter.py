@@ -1,12 +1,8 @@
 """Samples per second from the device's own clock: sums over the steps the step timer read.
 
-Lightning's ``ThroughputMonitor`` calls ``torch.cuda.synchronize()`` at every batch so that
-the host's clock tells when the device finished. Here the device tells it: the step timer
-(``gpu_busy.idle.StepTimer``, the one clock of the fit, read back without a sync) gives
-each step's period, from the previous step's end to its own on the compute stream: the gap
-before it, its transfer and the step. A step whose gap was not between two steps
-(validation, an epoch's start) has no period and is left out, as are steps the timer's
-event pool could not time. Off CUDA host clocks stand in.
+A step's period runs from the previous step's end to its own on the compute stream
+(``gpu_busy.idle.StepTimer``), with no sync; a step with no step before it (after
+validation, at an epoch's start) or left untimed is left out. Off CUDA host clocks stand in.
 
 Example::
 

@@ -1,10 +1,13 @@
-"""Hear about every CUDA sync from PyTorch's own sync debug mode, printing nothing.
+"""Hear about every CUDA sync: PyTorch's sync debug mode, and the explicit ``synchronize()``
+calls it does not report, printing nothing.
 
 ``cuda_sync_warnings(on_sync)`` arms ``torch.cuda.set_sync_debug_mode("warn")`` (leaving a
 mode the user set alone), calls ``on_sync()`` for each warning heard on the entering
-thread, and swallows it; nested listeners all hear each sync. A warning is heard when the
-outermost Python binding around the op returns. ``DEBUG_MODE`` is the switch and the text
-listened for (tests stand a CPU warning in, tests/helpers/cuda_standin.py). Sources:
+thread, and swallows it; a warning is heard when the outermost Python binding around the
+op returns. ``synchronize_calls_heard(on_call)`` hears each explicit ``synchronize()`` as
+it starts. Any number of listeners, opening and closing in any order, share one hook and
+one wrapper per entry point. ``DEBUG_MODE`` is the switch and the text listened for
+(tests stand a CPU warning in, tests/helpers/cuda_standin.py). Sources:
 docs/ARCHITECTURE.md, "CUDA assumptions".
 
 Example::
@@ -17,12 +20,15 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from gpu_busy.patches import patch
 
 # The text of PyTorch's warning (c10/cuda/CUDAFunctions.cpp, warn_or_error_on_sync).
 CUDA_SYNC_WARNING = "called a synchronizing CUDA operation"
@@ -129,7 +135,7 @@ class _Hook:
         if users_mode == 0:
             mode.set("warn")
             stack.callback(_disarm, mode)
-            stack.enter_context(_barriers_unarmed(mode, users_mode))
+            stack.callback(_barriers_unarmed(mode, users_mode))
         return stack
 
 
@@ -138,16 +144,14 @@ def _disarm(mode: SyncDebugMode) -> None:
         mode.set(0)
 
 
-@contextlib.contextmanager
-def _barriers_unarmed(mode: SyncDebugMode, users_mode: int) -> Iterator[None]:
+def _barriers_unarmed(mode: SyncDebugMode, users_mode: int) -> Callable[[], None]:
     """``torch.distributed.barrier`` runs under the user's mode while the listener holds
     "warn": under NCCL it ends in ``Work.wait``'s stream synchronize, whose warning no
     Python handler buffers (c10d ``init.cpp`` binds it without one) and so goes to stderr,
-    on every rank."""
+    on every rank. Returns the undo."""
     dist = torch.distributed
     if not (dist.is_available() and hasattr(dist, "barrier")):
-        yield
-        return
+        return lambda: None
     original = dist.barrier
 
     def barrier(*args: Any, **kwargs: Any) -> Any:
@@ -159,9 +163,75 @@ def _barriers_unarmed(mode: SyncDebugMode, users_mode: int) -> Iterator[None]:
             mode.set(armed)
 
     barrier.__wrapped__ = original
-    dist.barrier = barrier
+    return patch(dist, "barrier", barrier)
+
+
+def synchronize_calls() -> list[tuple[Any, str, str, str | None, bool]]:
+    """The explicit ``synchronize()`` entry points: ``(owner, name, label, device type (None:
+    any), whether the sync debug mode reports it too)``. ``torch.cuda.synchronize()``,
+    ``Event.synchronize()`` and ``torch.accelerator.synchronize()`` never consult the mode
+    (``c10/cuda/CUDAFunctions.cpp``, ``CUDAEvent.h``); ``Stream.synchronize()`` goes
+    through c10's ``stream_synchronize``, which does."""
+    out: list[tuple[Any, str, str, str | None, bool]] = [
+        (torch.cuda, "synchronize", "torch.cuda.synchronize()", "cuda", False),
+        (torch.cuda.Stream, "synchronize", "Stream.synchronize()", "cuda", True),
+        (torch.cuda.Event, "synchronize", "Event.synchronize()", "cuda", False),
+    ]
+    if hasattr(torch, "cpu") and hasattr(torch.cpu, "synchronize"):
+        out.append((torch.cpu, "synchronize", "torch.cpu.synchronize()", "cpu", False))
+    accelerator = getattr(torch, "accelerator", None)
+    if accelerator is not None and hasattr(accelerator, "synchronize"):
+        out.append((accelerator, "synchronize", "torch.accelerator.synchronize()", None, False))
+    return out
+
+
+# What a synchronize() listener is called with: (label, device type, reported by the debug
+# mode too); it may return what to call with the host times the call began and returned.
+OnSynchronize = Callable[[str, "str | None", bool], "Callable[[float, float], None] | None"]
+
+
+@contextlib.contextmanager
+def synchronize_calls_heard(on_call: OnSynchronize) -> Iterator[None]:
+    """While inside, every call of an entry point of ``synchronize_calls()``, on any thread,
+    first calls ``on_call``. The first listener to open wraps them, the last to close puts
+    them back: the idle monitor's marks and the sync detector's windows overlap without
+    nesting, and two wrappers stacked would be undone out of order."""
+    with _Synchronize.lock:
+        if not _Synchronize.listeners:
+            _Synchronize.undo = [
+                patch(owner, name, _heard(getattr(owner, name), label, device, reported))
+                for owner, name, label, device, reported in synchronize_calls()
+            ]
+        _Synchronize.listeners.append(on_call)
     try:
         yield
     finally:
-        if dist.barrier is barrier:
-            dist.barrier = original
+        with _Synchronize.lock:
+            _Synchronize.listeners.remove(on_call)
+            if not _Synchronize.listeners:
+                for undo in reversed(_Synchronize.undo):
+                    undo()
+                _Synchronize.undo = []
+
+
+class _Synchronize:
+    lock = threading.Lock()
+    listeners: list[OnSynchronize] = []
+    undo: list[Callable[[], None]] = []
+
+
+def _heard(original: Callable, label: str, device: str | None, reported: bool) -> Callable:
+    def synchronize(*args: Any, **kwargs: Any) -> Any:
+        after = [
+            a for on_call in list(_Synchronize.listeners) if (a := on_call(label, device, reported))
+        ]
+        began = time.perf_counter()  # after every listener's own work
+        try:
+            return original(*args, **kwargs)
+        finally:
+            returned = time.perf_counter()
+            for each in after:
+                each(began, returned)
+
+    synchronize.__wrapped__ = original
+    return synchronize

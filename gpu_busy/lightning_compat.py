@@ -19,6 +19,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.profilers import PassThroughProfiler
 from lightning.pytorch.trainer.states import RunningStage
 
+from gpu_busy.patches import patch
 from gpu_busy.syncs.attribution import user_frame
 
 # The hooks Lightning calls on every callback at every batch.
@@ -106,14 +107,13 @@ def lighter_dispatch(trainer: pl.Trainer) -> Callable[[], None]:
     # Trainer's default, leaves empty (profilers/base.py:29-34). Only that exact class:
     # a subclass may record something.
     quiet = type(profiler) is PassThroughProfiler
-    if quiet:
-        profiler.profile = lambda action_name: _NOT_PROFILED
+    profiled = patch(profiler, "profile", lambda name: _NOT_PROFILED) if quiet else None
 
     def undo() -> None:
         for callback, names in skipped:
             skip_hooks(callback, names, skip=False)
-        if quiet:
-            profiler.__dict__.pop("profile", None)
+        if profiled is not None:
+            profiled()
 
     return undo
 
@@ -264,12 +264,7 @@ def throttle_sigterm_broadcast(trainer: pl.Trainer, due: Callable[[], bool]) -> 
         if due():
             original(loop)
 
-    loop._broadcast_sigterm_tensor = broadcast_when_due
-
-    def undo() -> None:
-        loop.__dict__.pop("_broadcast_sigterm_tensor", None)
-
-    return undo
+    return patch(loop, "_broadcast_sigterm_tensor", broadcast_when_due)
 
 
 def around_callback_hooks(
@@ -293,13 +288,7 @@ def around_callback_hooks(
         finally:
             leave()
 
-    call._call_callback_hooks = call_callback_hooks
-
-    def undo() -> None:
-        if call._call_callback_hooks is call_callback_hooks:
-            call._call_callback_hooks = original
-
-    return undo
+    return patch(call, "_call_callback_hooks", call_callback_hooks)
 
 
 def moves_to_the_cpu_as_to_cuda() -> Callable[[], None]:
@@ -310,13 +299,8 @@ def moves_to_the_cpu_as_to_cuda() -> Callable[[], None]:
 
     # Private: lightning.fabric.utilities.apply_func._BLOCKING_DEVICE_TYPES (2.0 to 2.6):
     # move_data_to_device passes non_blocking=True to a device type not in it.
-    blocking = apply_func._BLOCKING_DEVICE_TYPES
-    apply_func._BLOCKING_DEVICE_TYPES = tuple(t for t in blocking if t != "cpu")
-
-    def undo() -> None:
-        apply_func._BLOCKING_DEVICE_TYPES = blocking
-
-    return undo
+    blocking = tuple(t for t in apply_func._BLOCKING_DEVICE_TYPES if t != "cpu")
+    return patch(apply_func, "_BLOCKING_DEVICE_TYPES", blocking)
 
 
 def keep_handlers_past_teardown(trainer: pl.Trainer, handlers: dict[int, Any]) -> dict[int, Any]:
@@ -385,12 +369,11 @@ def defer_child_observer() -> Callable[[], None]:
     # _ChildProcessObserver (Lightning 2.1 to 2.6), a thread whose run() calls self._run()
     # every _sleep_period seconds and kills everything when it finds a failed child.
     observers = [t for t in threading.enumerate() if type(t).__name__ == "_ChildProcessObserver"]
-    for observer in observers:
-        observer._run = lambda: False
+    undos = [patch(observer, "_run", lambda: False) for observer in observers]
 
     def undo() -> None:
-        for observer in observers:
-            observer.__dict__.pop("_run", None)
+        for each in undos:
+            each()
 
     return undo
 
@@ -447,11 +430,11 @@ class LoggedAt:
                     )  # fmt: skip
             return original(module, name, value, *args, **kwargs)
 
-        pl.LightningModule.log = log
+        undo = patch(pl.LightningModule, "log", log)
         try:
             yield
         finally:
-            pl.LightningModule.log = original
+            undo()
 
     def origin(self, frame: Any) -> tuple[str, int, str, Any] | None:
         """The user line that logged the metric being converted in ``frame``, and the frame

@@ -96,10 +96,10 @@ class InFlightBatch:
 class _Leaves:
     """A batch's tensors, found in one walk, and the batch rebuilt around new ones.
 
-    A tree of lists, tuples, dicts and namedtuples whose leaves are tensors or plain values
-    (the usual batch) is flattened once by torch's pytree; any other leaf (a dataclass, an
-    object with its own ``.to``) takes ``apply_to_collection``'s walk, as Lightning's own
-    transfer does. ``mover`` is the type of a leaf that moves itself with ``.to``, or None.
+    Plain lists, tuples and dicts of tensors and numbers (the usual batch) are walked by
+    hand; namedtuples and tensor subclasses by torch's pytree; any other leaf (a dataclass,
+    an object with its own ``.to``) by ``apply_to_collection``, as Lightning's transfer
+    does. ``mover`` is the type of a leaf that moves itself with ``.to``, or None.
     """
 
     __slots__ = ("_rebuild", "mover", "tensors")

@@ -1,9 +1,9 @@
 """When the host started each CUDA sync, from CUDA's own sync debug mode, at no cost per step.
 
-A sync inside an op is marked when its warning arrives (the op's end); the explicit
-``synchronize()`` entry points, which never consult the mode, are wrapped while open and
-marked at their start. ``StepTimer`` reads the marks to tell a sync stall from other idle.
-Details: docs/ARCHITECTURE.md, "Idle time".
+A sync inside an op is marked when its warning arrives (the op's end); an explicit
+``synchronize()`` the mode does not report, as it starts (``synchronize_calls_heard``).
+``StepTimer`` reads the marks to tell a sync stall from other idle. Details:
+docs/ARCHITECTURE.md, "Idle time".
 
 Example::
 
@@ -19,12 +19,8 @@ import contextlib
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
-from typing import Any
 
-import torch
-
-from gpu_busy.cuda_sync_warnings import cuda_sync_warnings, debug_mode
+from gpu_busy.cuda_sync_warnings import cuda_sync_warnings, debug_mode, synchronize_calls_heard
 
 
 class SyncMarks:
@@ -33,6 +29,7 @@ class SyncMarks:
     def __init__(self, keep: int = 4096) -> None:
         self._times: deque[float] = deque(maxlen=keep)
         self._stack: contextlib.ExitStack | None = None
+        self._thread: int | None = None
 
     @property
     def active(self) -> bool:
@@ -41,19 +38,16 @@ class SyncMarks:
     def open(self) -> SyncMarks:
         if self.active or not debug_mode().ready():
             return self
+        self._thread = threading.get_ident()
         self._stack = contextlib.ExitStack()
         self._stack.enter_context(cuda_sync_warnings(self._mark))
-        thread = threading.get_ident()
-        for owner, name in _explicit_synchronize():
-            self._stack.enter_context(_wrapped(owner, name, self._mark_on(thread)))
+        self._stack.enter_context(synchronize_calls_heard(self._synchronize_starts))
         return self
 
-    def _mark_on(self, thread: int):
-        def mark() -> None:
-            if self._stack is not None and threading.get_ident() == thread:
-                self._mark()
-
-        return mark
+    def _synchronize_starts(self, label: str, device: str | None, reported: bool) -> None:
+        # One the debug mode reports (Stream.synchronize()) is marked by its warning.
+        if not reported and device in ("cuda", None) and threading.get_ident() == self._thread:
+            self._mark()
 
     def _mark(self) -> None:
         self._times.append(time.perf_counter())
@@ -71,32 +65,3 @@ class SyncMarks:
         stack, self._stack = self._stack, None
         if stack is not None:
             stack.close()
-
-
-def _explicit_synchronize() -> list[tuple[Any, str]]:
-    # Stream.synchronize() is not here: it goes through c10's stream_synchronize, which
-    # consults the debug mode (a second mark would count the sync twice).
-    out = [(torch.cuda, "synchronize"), (torch.cuda.Event, "synchronize")]
-    accelerator = getattr(torch, "accelerator", None)
-    if accelerator is not None and hasattr(accelerator, "synchronize"):
-        out.append((accelerator, "synchronize"))
-    return out
-
-
-@contextlib.contextmanager
-def _wrapped(owner: Any, name: str, before: Callable[[], None]) -> Iterator[None]:
-    """``owner.name`` calls ``before()`` first while inside; restored after, unless someone
-    wrapped it again meanwhile (then ours stays below theirs, marking nothing once closed)."""
-    original = getattr(owner, name)
-
-    def synchronize(*args: Any, **kwargs: Any) -> Any:
-        before()
-        return original(*args, **kwargs)
-
-    synchronize.__wrapped__ = original
-    setattr(owner, name, synchronize)
-    try:
-        yield
-    finally:
-        if getattr(owner, name) is synchronize:
-            setattr(owner, name, original)

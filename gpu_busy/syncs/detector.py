@@ -35,8 +35,8 @@ from gpu_busy.syncs.layers import (
     NO_KERNEL,
     DispatchLayer,
     FunctionLayer,
-    SynchronizeHooks,
     optimizer_step_hooks,
+    synchronize_layer,
 )
 from gpu_busy.syncs.memory import HostMemory, excused, tensors_of
 
@@ -99,7 +99,7 @@ class SyncDetector(HostMemory):
         self._thread = threading.get_ident()
         stack = contextlib.ExitStack()
         try:
-            stack.enter_context(SynchronizeHooks.install(self))
+            stack.enter_context(synchronize_layer(self))
             self._track_ops = self._arm_cuda()
             if self._track_ops:
                 stack.enter_context(self._cuda_debug_warnings())

@@ -21,6 +21,7 @@ from torch.optim.optimizer import (
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from gpu_busy.cuda_sync_warnings import synchronize_calls_heard
 from gpu_busy.syncs.attribution import (
     AFTER_OPTIMIZER_STEP,
     OPTIMIZER_STEP,
@@ -224,72 +225,25 @@ def _call_name(func: Any) -> str:
 # -- layer 3: explicit synchronize() ---------------------------------------------------------
 
 
-class SynchronizeHooks:
-    """Wraps the synchronize() entry points while at least one detector is active."""
+def synchronize_layer(detector: SyncDetector) -> contextlib.AbstractContextManager:
+    """The explicit synchronize() calls on the detector's thread and of its device type:
+    each recorded, timed, and opened as a call whose CUDA warning (Stream.synchronize()'s)
+    is this same sync."""
 
-    _lock = threading.Lock()
-    _active: list[SyncDetector] = []
-    _saved: list[tuple[Any, str, Any]] = []
+    def on_call(label: str, device: str | None, reported: bool) -> Callable | None:
+        if detector._thread != threading.get_ident() or device not in (None, detector.device_type):
+            return None
+        detector.record(label)
+        event = detector.take_untimed()
+        scoped = detector._track_ops and detector.begin_call(label)
 
-    @classmethod
-    def _targets(cls) -> list[tuple[Any, str, str, str | None]]:
-        out: list[tuple[Any, str, str, str | None]] = [
-            (torch.cuda, "synchronize", "torch.cuda.synchronize()", "cuda"),
-            (torch.cuda.Stream, "synchronize", "Stream.synchronize()", "cuda"),
-            (torch.cuda.Event, "synchronize", "Event.synchronize()", "cuda"),
-        ]
-        if hasattr(torch, "cpu") and hasattr(torch.cpu, "synchronize"):
-            out.append((torch.cpu, "synchronize", "torch.cpu.synchronize()", "cpu"))
-        accelerator = getattr(torch, "accelerator", None)
-        if accelerator is not None and hasattr(accelerator, "synchronize"):
-            out.append((accelerator, "synchronize", "torch.accelerator.synchronize()", None))
-        return out
+        def returned(began: float, at: float) -> None:
+            if event is not None:
+                detector.timeline.began(event, began)
+                detector.timeline.returned(at)
+            if scoped:
+                detector.end_call()
 
-    @classmethod
-    @contextlib.contextmanager
-    def install(cls, detector: SyncDetector) -> Iterator[None]:
-        with cls._lock:
-            if not cls._active:
-                for owner, attr, label, device in cls._targets():
-                    original = getattr(owner, attr)
-                    cls._saved.append((owner, attr, original))
-                    setattr(owner, attr, cls._wrap(original, label, device))
-            cls._active.append(detector)
-        try:
-            yield
-        finally:
-            with cls._lock:
-                cls._active.remove(detector)
-                if not cls._active:
-                    for owner, attr, original in reversed(cls._saved):
-                        setattr(owner, attr, original)
-                    cls._saved.clear()
+        return returned
 
-    @classmethod
-    def _wrap(cls, original: Callable, label: str, device: str | None) -> Callable:
-        def synchronize(*args, **kwargs):
-            me = threading.get_ident()
-            timed = []  # every detector that recorded it times it (nested ones too)
-            calls = []  # and hears CUDA's warning for it (Stream.synchronize) as this one
-            for d in list(cls._active):
-                if d._thread == me and (device is None or device == d.device_type):
-                    d.record(label)
-                    event = d.take_untimed()
-                    if event is not None:
-                        timed.append((d.timeline, event))
-                    if d._track_ops and d.begin_call(label):
-                        calls.append(d)
-            began = time.perf_counter()
-            for timeline, event in timed:
-                timeline.began(event, began)
-            try:
-                return original(*args, **kwargs)
-            finally:
-                returned = time.perf_counter()
-                for timeline, _ in timed:
-                    timeline.returned(returned)
-                for d in calls:
-                    d.end_call()
-
-        synchronize.__wrapped__ = original
-        return synchronize
+    return synchronize_calls_heard(on_call)

@@ -35,7 +35,7 @@ class WatchedSteps:
     detector: the detector to drive (entered only inside watched windows).
     schedule: which steps to watch; fed each comparable window's time.
     strict: raise at a sync in a watched steady step or in the loop's work after one,
-        never inside the callbacks' hooks (see the module's docstring).
+        never inside the callbacks' hooks (docs/ARCHITECTURE.md).
     on_open: called as each watched window opens (to tell the detector about memory
         that a step copies to the host by design).
     """

@@ -380,3 +380,28 @@ def test_no_module_of_the_package_is_too_long_to_hold_in_mind():
         if (n := len(p.read_text().splitlines())) > 500 and p.name != "rules.py"
     }
     assert long == {}, f"modules over 500 lines: {long}"
+
+
+def test_a_patch_is_undone_to_what_its_owner_held_unless_replaced_since():
+    from types import SimpleNamespace
+
+    from gpu_busy.patches import patch
+
+    class Owner:
+        def run(self) -> str:
+            return "class"
+
+    owner = Owner()
+    undo = patch(owner, "run", lambda: "patched")
+    assert owner.run() == "patched"
+    undo()
+    assert owner.run() == "class" and "run" not in vars(owner)  # the class's method again
+    module = SimpleNamespace(run=lambda: "original")
+    original = module.run
+    undo = patch(module, "run", lambda: "ours")
+    undo()
+    assert module.run is original
+    undo = patch(module, "run", lambda: "ours")
+    theirs = module.run = lambda: "theirs"
+    undo()
+    assert module.run is theirs  # putting ours back would undo theirs

@@ -39,7 +39,6 @@ import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
 from gpu_busy import cuda_sync_warnings
-from gpu_busy.syncs import layers
 
 MESSAGE = "An output with one or more elements was resized"
 
@@ -105,21 +104,21 @@ def install() -> Iterator[StandIn]:
     standin = StandIn()
     _current = standin
     saved_mode = cuda_sync_warnings.DEBUG_MODE
-    saved_targets = layers.SynchronizeHooks.__dict__["_targets"]
+    saved_calls = cuda_sync_warnings.synchronize_calls
     lib = torch.library.Library("aten", "IMPL")
     try:
         lib.impl("_local_scalar_dense", _local_scalar_dense, "CPU")
         lib.impl("nonzero", _nonzero, "CPU")
         cuda_sync_warnings.DEBUG_MODE = standin.debug_mode()
 
-        def targets(cls):
-            out = saved_targets.__func__(cls)
-            return [*out, (StandInStream, "synchronize", "Stream.synchronize()", "cpu")]
+        def calls():
+            stream = (StandInStream, "synchronize", "Stream.synchronize()", "cpu", True)
+            return [*saved_calls(), stream]
 
-        layers.SynchronizeHooks._targets = classmethod(targets)
+        cuda_sync_warnings.synchronize_calls = calls
         yield standin
     finally:
-        layers.SynchronizeHooks._targets = saved_targets
+        cuda_sync_warnings.synchronize_calls = saved_calls
         cuda_sync_warnings.DEBUG_MODE = saved_mode
         lib._destroy()
         _current = None

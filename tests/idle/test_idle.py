@@ -655,20 +655,62 @@ def test_the_timer_brackets_the_step_itself_wherever_the_monitor_is_listed(tmp_p
     assert len(trainer.callbacks) == 2  # the step marks are gone after the fit
 
 
-def test_explicit_synchronize_calls_are_marked_at_their_start_and_restored():
-    # torch.cuda.synchronize() and Event.synchronize() never consult CUDA's sync debug
-    # mode: SyncMarks wraps them. Checked here on a stand-in owner, without a GPU.
+def _standin_synchronize(monkeypatch, calls: list):
+    """A stand-in owner of an explicit synchronize() as the only entry point: CPU CI has no
+    CUDA to call (set before cuda_standin.install(), which adds its stream and restores)."""
     from types import SimpleNamespace
 
-    from gpu_busy.idle.sync_marks import _wrapped
+    from gpu_busy import cuda_sync_warnings
 
-    calls = []
     owner = SimpleNamespace(synchronize=lambda: calls.append("synced"))
+    row = (owner, "synchronize", "torch.cuda.synchronize()", "cuda", False)
+    monkeypatch.setattr(cuda_sync_warnings, "synchronize_calls", lambda: [row])
+    return owner
+
+
+def test_explicit_synchronize_calls_are_marked_at_their_start_and_restored(monkeypatch):
+    # torch.cuda.synchronize() and Event.synchronize() never consult CUDA's sync debug
+    # mode: SyncMarks hears them from the shared wrapper, as they start.
+    import time
+
+    from gpu_busy.idle.sync_marks import SyncMarks
+    from tests.helpers import cuda_standin
+
+    calls: list[str] = []
+    owner = _standin_synchronize(monkeypatch, calls)
     original = owner.synchronize
-    with _wrapped(owner, "synchronize", lambda: calls.append("marked")):
+    with cuda_standin.install():
+        marks = SyncMarks().open()
+        t0 = time.perf_counter()
         owner.synchronize()
-    assert calls == ["marked", "synced"] and owner.synchronize is original
-    # Replaced by someone else meanwhile: leaving ours would undo theirs, so theirs stays.
-    with _wrapped(owner, "synchronize", lambda: calls.append("late")):
-        theirs = owner.synchronize = lambda: calls.append("theirs")
-    assert owner.synchronize is theirs
+        assert calls == ["synced"] and len(marks.since(t0)) == 1
+        marks.close()
+    assert owner.synchronize is original
+
+
+def test_a_detector_window_closing_while_the_marks_are_open_leaves_them_hearing(monkeypatch):
+    # The idle monitor's marks open at a step's start, inside a sync detector's window that
+    # began at the previous step's end, and outlive it. Each once wrapped synchronize() on
+    # its own: the window, put back at its end, took the marks' wrapper with it, and an
+    # explicit synchronize() stopped being a sync stall for the rest of the epoch.
+    import time
+
+    from gpu_busy.idle.sync_marks import SyncMarks
+    from gpu_busy.syncs import detect_syncs
+    from tests.helpers import cuda_standin
+
+    calls: list[str] = []
+    owner = _standin_synchronize(monkeypatch, calls)
+    original = owner.synchronize
+    with cuda_standin.install():
+        marks = SyncMarks()
+        with detect_syncs(device_type="cuda", cuda_debug=False) as rec:
+            marks.open()
+            owner.synchronize()
+        t0 = time.perf_counter()
+        owner.synchronize()  # the window has closed; the marks are open
+        assert len(marks.since(t0)) == 1 and [e.op for e in rec.events] == [
+            "torch.cuda.synchronize()"
+        ]
+        marks.close()
+    assert owner.synchronize is original and calls == ["synced", "synced"]

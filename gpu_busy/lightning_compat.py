@@ -107,7 +107,7 @@ def lighter_dispatch(trainer: pl.Trainer) -> Callable[[], None]:
     # Trainer's default, leaves empty (profilers/base.py:29-34). Only that exact class:
     # a subclass may record something.
     quiet = type(profiler) is PassThroughProfiler
-    profiled = patch(profiler, "profile", lambda name: _NOT_PROFILED) if quiet else None
+    profiled = patch(profiler, "profile", lambda action_name: _NOT_PROFILED) if quiet else None
 
     def undo() -> None:
         for callback, names in skipped:

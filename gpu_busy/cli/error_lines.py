@@ -15,7 +15,7 @@ import re
 import torch
 from lightning.pytorch.cli import LightningCLI
 
-from gpu_busy.cli.keys import given_settings
+from gpu_busy.cli.keys import given_settings, subcommand_in
 
 
 def argument_error_line(error: BaseException, args: list[str]) -> str:
@@ -23,7 +23,7 @@ def argument_error_line(error: BaseException, args: list[str]) -> str:
     its innermost error quotes (the check that failed), else its whole message quotes,
     where exactly one does; with the first line of the message that quotes that value.
     Otherwise its whole message, on one line."""
-    subcommand = next((a for a in args if a in LightningCLI.subcommands()), "")
+    subcommand = subcommand_in(args, LightningCLI.subcommands())
     settings = [
         (key, where, str(value))
         for key, where, value in given_settings(args, subcommand)

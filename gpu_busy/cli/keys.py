@@ -40,7 +40,7 @@ class KeyNotAccepted(UserError):
     """A key the command does not take, with where it was set and the one likely meant."""
 
 
-def given_settings(args: list[str], subcommand: str) -> Iterator[tuple[str, str, object]]:
+def given_settings(args: list[str], subcommand: str | None) -> Iterator[tuple[str, str, object]]:
     """``(key, where, value)`` for every setting after the subcommand: each ``--config``
     file's (in order), then the command line's. ``init_args`` levels are left out of the
     key; a class group's settings made while a config file named another class are left
@@ -61,7 +61,12 @@ def given_settings(args: list[str], subcommand: str) -> Iterator[tuple[str, str,
     yield from command_line_settings(tail)
 
 
-def _after(args: list[str], subcommand: str) -> list[str]:
+def subcommand_in(args: list, names) -> str | None:
+    """The first argument that is one of ``names`` (the subcommands), or None."""
+    return next((a for a in args if isinstance(a, str) and a in names), None)
+
+
+def _after(args: list[str], subcommand: str | None) -> list[str]:
     return args[args.index(subcommand) + 1 :] if subcommand in args else []
 
 

@@ -29,7 +29,7 @@ from gpu_busy.cli.error_lines import (
     raised_choosing_devices,
     raised_outside,
 )
-from gpu_busy.cli.keys import unknown_key
+from gpu_busy.cli.keys import subcommand_in, unknown_key
 from gpu_busy.cli.preflight import (
     check_master_port,
     check_slurm_launch,
@@ -76,7 +76,7 @@ class TrainingCLI(LightningCLI):
     def parse_arguments(self, parser, args) -> None:
         raw = list(sys.argv[1:] if args is None else args)
         parsers = dict(zip(self.subcommands(), getattr(self, "_parsers", []), strict=False))
-        asked = next((a for a in raw if isinstance(a, str) and a in parsers), None)
+        asked = subcommand_in(raw, parsers)
         error = unknown_key(parsers[asked], raw, asked) if asked is not None else None
         if error is not None:
             raise error

@@ -77,8 +77,9 @@ def main(args: list[str] | None = None, prog: str | None = None) -> int:
 
 def _run(args: list[str] | None) -> int:
     TrainingCLI.resuming = None
+    args = sys.argv[1:] if args is None else list(args)
     try:
-        check_config_files(sys.argv[1:] if args is None else args)
+        check_config_files(args)
         TrainingCLI(
             pl.LightningModule,  # any subclass: model.class_path in the config
             None,  # any LightningDataModule subclass (data.class_path), or none: --data=null
@@ -100,8 +101,7 @@ def _run(args: list[str] | None) -> int:
         print(f"error: {e.strerror}", file=sys.stderr)
         return 1
     except ArgumentError as e:
-        raw = sys.argv[1:] if args is None else list(args)
-        line = argument_error_line(e, raw)
+        line = argument_error_line(e, args)
         print(f"error: {line} ({_prog} fit --help lists every option)", file=sys.stderr)
         return 2
     except (KeyError, RuntimeError, ValueError) as e:

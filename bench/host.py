@@ -30,6 +30,7 @@ lists is built from it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import importlib
 import itertools
@@ -48,9 +49,11 @@ from lightning.pytorch.loggers import CSVLogger
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from bench import cuda_calls
 from bench.results import chosen_device, machine, save
 from gpu_busy import lightning_compat as compat
 from gpu_busy.callbacks.step_clock import StepClock
+from gpu_busy.cuda_runtime import replaced_by
 
 CONFIG = Path(__file__).resolve().parent.parent / "configs" / "default.yaml"
 FEATURES, BATCH, LOG_EVERY, SKIP = 8, 8, 20, 20
@@ -208,6 +211,7 @@ class _HookTimes:
         self.steps = {"steady": 0, "logging": 0}
         self.saves = 0
         self._stack: list[float] = []  # nested time of the open calls' inner timed calls
+        self._open: list[tuple[str, bool]] = []  # the open calls' rows, and step_hook
         self._batch = "steady"
         self._saving = 0
 
@@ -261,16 +265,25 @@ class _HookTimes:
         ``row`` in the bucket of where the loop is (a step's own hooks and reads: the
         step's kind; anything else: the fit)."""
         self._stack.append(0.0)
+        self._open.append((row, step_hook))
         t0 = time.perf_counter()
         try:
             return fn(*args, **kwargs)
         finally:
             spent = time.perf_counter() - t0
             inner = self._stack.pop()
+            self._open.pop()
             if self._stack:
                 self._stack[-1] += spent
-            bucket = "save" if self._saving else (self._batch if step_hook else "fit")
+            bucket = self._bucket(step_hook)
             self.ms[(row, bucket)] = self.ms.get((row, bucket), 0.0) + 1e3 * (spent - inner)
+
+    def _bucket(self, step_hook: bool) -> str:
+        return "save" if self._saving else (self._batch if step_hook else "fit")
+
+    def bucket(self) -> str:
+        """Where the loop is, as the innermost open call counts it."""
+        return self._bucket(self._open[-1][1] if self._open else True)
 
     def batch_starts(self, logging_step: bool) -> None:
         self._batch = "logging" if logging_step else "steady"
@@ -298,6 +311,10 @@ class _Instrument(pl.Callback):
                 timed = self.times.wrap_layer(make, row)
                 timed._timed = True
                 loader._routing_layers[name] = (position, timed)
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        if not self.layers:
+            self.times._batch = "fit"  # the next epoch's first read is no step's
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         if self.layers:
@@ -331,14 +348,18 @@ class _Instrument(pl.Callback):
         trainer.save_checkpoint = save_checkpoint
 
 
-def per_callback(steps: int, epochs: int = 3) -> dict:
-    """One fit of ``epochs`` with validation and the default saves, every hook timed."""
+def per_callback(steps: int, epochs: int = 3, count_cuda: bool = False) -> dict:
+    """One fit of ``epochs`` with validation and the default saves, every hook timed;
+    ``count_cuda``: along the CUDA route, every CUDA call counted (``bench.cuda_calls``)."""
     callbacks, plugins = default_config_parts()
     names = {id(c): type(c).__name__ for c in callbacks}
     if sum(1 for c in callbacks if type(c).__name__ == "ModelCheckpoint") == 1:
         names.update({id(c): "ModelCheckpoint (last)" for c in callbacks
                       if type(c).__name__ == "ModelCheckpoint"})  # fmt: skip
     times = _HookTimes()
+    counting = None
+    if count_cuda:
+        counting = cuda_calls.CountingCuda(lambda: (cuda_calls.caller(names), times.bucket()))
     instrument, layers = _Instrument(times, names), _Instrument(times, names, layers=True)
     with tempfile.TemporaryDirectory() as folder:
         trainer = _trainer(
@@ -346,7 +367,14 @@ def per_callback(steps: int, epochs: int = 3) -> dict:
             max_epochs=epochs, limit_val_batches=4, num_sanity_val_steps=0,
         )  # fmt: skip
         torch.manual_seed(0)
-        trainer.fit(NearFree(), _loader(steps), _loader(4, seed=1))
+        with replaced_by(counting) if counting else contextlib.nullcontext():
+            trainer.fit(NearFree(), _loader(steps), _loader(4, seed=1))
+    if counting is not None:
+        return {
+            "steps": times.steps,
+            "saves": times.saves,
+            "per_step": cuda_calls.per_step(counting.counts, times.steps, times.saves),
+        }
     rows: dict[str, dict[str, float | None]] = {}
     for (row, bucket), ms in times.ms.items():
         r = rows.setdefault(row, {"steady": 0.0, "logging": 0.0, "save": 0.0, "fit": 0.0})
@@ -365,7 +393,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=400, help="steps per timed fit")
     parser.add_argument("--repeats", type=int, default=7, help="interleaved repeats")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="cpu")
+    parser.add_argument(
+        "--cuda-route",
+        action="store_true",
+        help="count the CUDA calls the callbacks make per step, on the CPU (bench.cuda_calls)",
+    )
     args = parser.parse_args(argv)
+    if args.cuda_route:
+        result = cuda_route(args.steps // 2)
+        save({"cuda_route": result, "machine": machine("bench.host", "cpu", argv)}, args.out,
+             "cuda_calls.json")  # fmt: skip
+        print("\n".join(cuda_calls.table(result)))
+        return 0
     device = chosen_device(parser, args.device)
     results = run(args.steps, args.repeats, device)
     results["machine"] = machine("bench.host", device, argv)
@@ -374,6 +413,16 @@ def main(argv: list[str] | None = None) -> int:
           f"lightning {pl.__version__}")  # fmt: skip
     print("\n".join(table(results)))
     return 0
+
+
+def cuda_route(steps: int = 100) -> dict:
+    """The default callbacks' CUDA calls per step, counted on the CPU (``bench.cuda_calls``)."""
+    DEVICE[0] = "cpu"
+    logging.disable(logging.WARNING)
+    try:
+        return per_callback(steps, epochs=2, count_cuda=True)
+    finally:
+        logging.disable(logging.NOTSET)
 
 
 def run(steps: int, repeats: int, device: str = "cpu") -> dict:

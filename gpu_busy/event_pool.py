@@ -25,6 +25,8 @@ from typing import Any
 
 import torch
 
+from gpu_busy.cuda_runtime import runtime
+
 _forked_children_safe = False
 
 
@@ -44,7 +46,7 @@ def cuda_event(enable_timing: bool = False) -> torch.cuda.Event:
     if not _forked_children_safe:
         os.register_at_fork(after_in_child=gc.freeze)
         _forked_children_safe = True
-    return torch.cuda.Event(enable_timing=enable_timing)
+    return runtime().event(timing=enable_timing)
 
 
 class EventPool:
@@ -136,11 +138,12 @@ class LateRead:
 
     def put(self, values: torch.Tensor) -> None:
         self._host = values.detach().to("cpu", non_blocking=True)
-        self._recorded = values.is_cuda
+        cuda = runtime()
+        self._recorded = cuda.takes_route(values.device)
         if self._recorded:
             if self._event is None:
                 self._event = cuda_event()
-            self._event.record(torch.cuda.current_stream(values.device))
+            self._event.record(cuda.current_stream(values.device))
 
     def take(self, wait: bool = True) -> list | None:
         """The values of the last ``put`` (None if none is pending, or, with ``wait=False``,

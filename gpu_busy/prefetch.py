@@ -31,6 +31,7 @@ import torch
 from lightning_utilities.core.apply_func import apply_to_collection
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from gpu_busy.cuda_runtime import runtime
 from gpu_busy.event_pool import EventPool, cuda_event
 from gpu_busy.window_sums import WindowSums
 
@@ -208,7 +209,7 @@ class StreamCopier:
         if device.type == "cuda" and device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
         self.device = device
-        self.is_cuda = device.type == "cuda"
+        self.is_cuda = runtime().takes_route(device)
         self.pin_memory = pin_memory
         self._stream: torch.cuda.Stream | None = None
         self._events = EventPool(timing_events) if self.is_cuda else None
@@ -224,7 +225,7 @@ class StreamCopier:
     def stream(self) -> torch.cuda.Stream:
         """The side stream, created once (a new stream per epoch grows reserved memory)."""
         if self._stream is None:
-            self._stream = torch.cuda.Stream(self.device)
+            self._stream = runtime().new_stream(self.device)
         return self._stream
 
     def start(self, batch: Any) -> InFlightBatch:
@@ -243,7 +244,7 @@ class StreamCopier:
             t0 = time.perf_counter()
             moved = leaves.rebuild([_to(t, self.device, False) for t in leaves.tensors])
             return InFlightBatch(moved, host_copy_ms=1e3 * (time.perf_counter() - t0))
-        if any(t.device.type == "cpu" and not t.is_pinned() for t in leaves.tensors):
+        if any(t.device.type == "cpu" and not runtime().is_pinned(t) for t in leaves.tensors):
             self._warn_once("pageable", PAGEABLE_WARNING)
             if self.pin_memory:
                 if self._pin_pool is None:
@@ -265,7 +266,8 @@ class StreamCopier:
             stats.copies += 1
             stats.copy_ms += in_flight.host_copy_ms or 0.0
             return in_flight.batch
-        consumer = torch.cuda.current_stream(self.device)
+        cuda = runtime()
+        consumer = cuda.current_stream(self.device)
         reached = None
         with self._lock:
             self._issued.pop(id(in_flight.copy_start), None)
@@ -278,8 +280,8 @@ class StreamCopier:
                 reached.record(consumer)
         consumer.wait_event(in_flight.ready)
         for t in in_flight.tensors:
-            if t.is_cuda:
-                t.record_stream(consumer)
+            if t.device == self.device:
+                cuda.record_stream(t, consumer)
         if reached is not None:
             self._pending.append((in_flight.copy_start, in_flight.ready, reached, stats))
         self.poll()
@@ -331,7 +333,7 @@ class StreamCopier:
             start = None
         if ready is None:
             ready = cuda_event()  # still needed to order the streams
-        with torch.cuda.stream(self.stream):
+        with runtime().on_stream(self.stream):
             if start is not None:
                 start.record()
             moved = [_to(t, self.device, True) for t in tensors]
@@ -344,9 +346,9 @@ class StreamCopier:
         )
 
     def _pin_and_copy(self, leaves: _Leaves) -> InFlightBatch:
-        with torch.cuda.device(self.device):
+        with runtime().on_device(self.device):
             pinned = [
-                t.pin_memory() if t.device.type == "cpu" and not t.is_pinned() else t
+                t.pin_memory() if t.device.type == "cpu" and not runtime().is_pinned(t) else t
                 for t in leaves.tensors
             ]
             return self._copy(leaves, pinned, pageable=True)

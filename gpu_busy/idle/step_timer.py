@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from gpu_busy.cuda_runtime import runtime
 from gpu_busy.event_pool import EventPool, HostEventPool
 from gpu_busy.idle.causes import names, split_gap
 from gpu_busy.idle.intervals import Interval, overlap_length
@@ -105,7 +106,7 @@ class StepTimer:
         pool: Any = None,
     ) -> None:
         device = torch.device(device)
-        self.is_cuda = device.type == "cuda"
+        self.is_cuda = runtime().takes_route(device)
         self.device = device
         self.clock = "cuda events" if self.is_cuda else "host clock"
         if pool is None:
@@ -247,7 +248,7 @@ class StepTimer:
     def _record(self) -> Any:
         event = self._pool.acquire()
         if event is not None:
-            event.record(torch.cuda.current_stream(self.device) if self.is_cuda else None)
+            event.record(runtime().current_stream(self.device) if self.is_cuda else None)
             self._hold(event)
         return event
 

@@ -23,6 +23,8 @@ from typing import Any
 
 import torch
 
+from gpu_busy.cuda_runtime import runtime
+
 GIB = 2**30
 
 
@@ -61,21 +63,21 @@ class MemoryPeaks:
     """Per-step peaks on ``device``; on anything but CUDA it measures nothing.
 
     Args:
-        read: the allocator's statistics as a nested dict (by default
-            ``torch.cuda.memory_stats_as_nested_dict``); tests script it.
-        reset: sets the peaks back to the current values (``reset_peak_memory_stats``).
+        read: the allocator's peak allocated and reserved bytes, or None before any
+            allocation (by default ``runtime().memory_peaks``); tests script it.
+        reset: sets the peaks back to the current values (``reset_memory_peaks``).
     """
 
     def __init__(
         self,
         device: torch.device | str,
-        read: Callable[[Any], dict] | None = None,
+        read: Callable[[Any], tuple[int, int] | None] | None = None,
         reset: Callable[[Any], None] | None = None,
     ) -> None:
         self.device = torch.device(device)
-        self.on = self.device.type == "cuda"
-        self._read = read or torch.cuda.memory_stats_as_nested_dict
-        self._reset = reset or torch.cuda.reset_peak_memory_stats
+        self.on = runtime().takes_route(self.device)
+        self._read = read or (lambda device: runtime().memory_peaks(device))
+        self._reset = reset or (lambda device: runtime().reset_memory_peaks(device))
         self.window = MemoryStats()  # since the last logging step
         self.total = MemoryStats()  # the fit
 
@@ -86,11 +88,10 @@ class MemoryPeaks:
     def step_ended(self) -> None:
         if not self.on:
             return
-        stats = self._read(self.device)
-        if not stats:  # CUDA not initialised: nothing was allocated
+        peaks = self._read(self.device)
+        if peaks is None:  # CUDA not initialised: nothing was allocated
             return
-        allocated = stats["allocated_bytes"]["all"]["peak"]
-        reserved = stats["reserved_bytes"]["all"]["peak"]
+        allocated, reserved = peaks
         w = self.window
         w.steps += 1
         w.allocated_max = max(w.allocated_max, allocated)

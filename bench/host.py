@@ -212,7 +212,7 @@ class _HookTimes:
         self.saves = 0
         self._stack: list[float] = []  # nested time of the open calls' inner timed calls
         self._open: list[tuple[str, bool]] = []  # the open calls' rows, and step_hook
-        self._batch = "steady"
+        self._batch = "fit"  # before the first batch: the fit's set-up
         self._saving = 0
 
     def wrap(self, owner: Any, name: str, row: str, save: bool = False) -> None:

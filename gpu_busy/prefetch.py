@@ -212,6 +212,7 @@ class StreamCopier:
         self.is_cuda = runtime().takes_route(device)
         self.pin_memory = pin_memory
         self._stream: torch.cuda.Stream | None = None
+        self._consumer: Any = None  # the current stream, asked once per poll() (a window)
         self._events = EventPool(timing_events) if self.is_cuda else None
         self._pending: deque[tuple[Any, ...]] = deque()  # (start, ready, consumer, stats)
         # Timing events of copies issued but not yet handed over: an iterator abandoned
@@ -267,7 +268,9 @@ class StreamCopier:
             stats.copy_ms += in_flight.host_copy_ms or 0.0
             return in_flight.batch
         cuda = runtime()
-        consumer = cuda.current_stream(self.device)
+        if self._consumer is None:
+            self._consumer = cuda.current_stream(self.device)
+        consumer = self._consumer
         reached = None
         with self._lock:
             self._issued.pop(id(in_flight.copy_start), None)
@@ -284,14 +287,15 @@ class StreamCopier:
                 cuda.record_stream(t, consumer)
         if reached is not None:
             self._pending.append((in_flight.copy_start, in_flight.ready, reached, stats))
-        self.poll()
         return in_flight.batch
 
     def poll(self, block: bool = False) -> None:
-        """Credit finished copy timings to their stats, oldest first.
+        """Credit finished copy timings to their stats, oldest first: once per logging
+        window, not per batch. The current stream is asked again at the next batch.
 
         ``block=True`` waits for the outstanding ones: for the end of a run only.
         """
+        self._consumer = None
         while self._pending:
             start, end, reached, stats = self._pending[0]
             if block:
@@ -335,9 +339,9 @@ class StreamCopier:
             ready = cuda_event()  # still needed to order the streams
         with runtime().on_stream(self.stream):
             if start is not None:
-                start.record()
+                start.record(self.stream)
             moved = [_to(t, self.device, True) for t in tensors]
-            ready.record()
+            ready.record(self.stream)
         if start is not None:
             with self._lock:
                 self._issued[id(start)] = (start, ready)

@@ -2,8 +2,10 @@
 
 One ``gpu_busy.idle.StepTimer`` times each training step and the gap before it; each
 step's timing goes to every subscribed monitor, and at a logging step their window rows
-go over ranks in one gather. Two marks at the ends of the callback list bracket the step,
-so the other callbacks' work falls between steps, where the GPU really waits for it.
+go over ranks in one gather; the steps' events are read back there too, not per step
+(docs/ARCHITECTURE.md, "CUDA calls per step"). Two marks at the ends of the callback list
+bracket the step, so the other callbacks' work falls between steps, where the GPU really
+waits for it.
 
 Example::
 
@@ -40,7 +42,9 @@ class StepClock:
     """The step timer of one fit and the monitors that read it."""
 
     def __init__(self, trainer: pl.Trainer) -> None:
-        self.timer = StepTimer(trainer.strategy.root_device)
+        # Read back once per logging window: room for two windows' marks (4 a step)
+        window = max(1, trainer.log_every_n_steps) * max(1, trainer.accumulate_grad_batches)
+        self.timer = StepTimer(trainer.strategy.root_device, capacity=8 * window + 64)
         self.marks: SyncMarks | None = None
         self.subscribers: list[Any] = []
         self._at_start: list[Any] = []  # subscribers with step_started(), step_ended()
@@ -126,7 +130,6 @@ class StepClock:
         self.timer.count_last(samples, self._tokens(batch) if self._tokens else None)
         for monitor in self._at_end:
             monitor.step_ended(samples)
-        self._give(self.timer.poll())
 
     def _give(self, timings: list) -> None:
         if timings:
@@ -134,7 +137,10 @@ class StepClock:
                 monitor.take(timings)
 
     def _log_window(self, trainer: pl.Trainer) -> None:
-        """Every subscriber's window over ranks, in one gather."""
+        """The window's steps read back, and every subscriber's window over ranks, in one
+        gather. Nothing is read of CUDA between logging steps."""
+        self._give(self.timer.poll())
+        self.timer.refresh_stream()
         rows = [monitor.window_row() for monitor in self.subscribers]
         gathered = gather_rows(trainer, [x for row in rows for x in row])
         start = 0

@@ -83,7 +83,11 @@ class StreamPrefetcher(compat.Callback):
             )
             return
         if self._copier is None or self._copier.device != _device(trainer):
-            self._copier = StreamCopier(_device(trainer), pin_memory=self.pin_memory)
+            # Timings are read once per logging window: room for two windows (3 a batch)
+            window = max(1, trainer.log_every_n_steps) * max(1, trainer.accumulate_grad_batches)
+            self._copier = StreamCopier(
+                _device(trainer), pin_memory=self.pin_memory, timing_events=6 * window + 64
+            )
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._layer.remove()
@@ -129,11 +133,20 @@ class StreamPrefetcher(compat.Callback):
     # -- figures ---------------------------------------------------------------------
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if self.enabled and self.log_stats and compat.is_logging_step(trainer):
+        if not (self.enabled and self._copier is not None and compat.is_logging_step(trainer)):
+            return
+        self._copier.poll()  # the window's copy timings: read here, not per batch
+        if self.log_stats:
             window = self.train_stats.take()
             self.train_total.add(window)
             per_rank = [s.means() for s in self._per_rank(trainer, window)]
             log_metrics(trainer, over_ranks(per_rank, prefix="prefetch/"))
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if self._copier is not None:
+            self._copier.poll()
+
+    on_test_end = on_predict_end = on_validation_end
 
     def on_train_end(self, trainer, pl_module) -> None:
         if not self.enabled or self._copier is None:

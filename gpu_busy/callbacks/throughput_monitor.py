@@ -3,8 +3,8 @@
 Unlike Lightning's, which synchronises at every batch, the time comes from the fit's step
 timer (``StepClock``); the FLOPs from PyTorch's counter around the first step (or
 ``flops_per_batch=``), the peak from the datasheets' table (or ``peak_tflops=``), memory
-from the allocator's counters. Figures: ``throughput/*`` and ``throughput.json``. Details:
-docs/GUIDE.md, "Throughput, MFU and memory".
+from the allocator's counters, read once per logging window. Figures: ``throughput/*`` and
+``throughput.json``. Details: docs/GUIDE.md, "Throughput, MFU and memory".
 
 Example::
 
@@ -87,16 +87,13 @@ class ThroughputMonitor(compat.Callback):
         self._counted_samples = None
         self._run_dir = run_dir(trainer)
         self._clock = StepClock.subscribe(trainer, self)
+        self._memory.start()
         if self._count is not None:
             self._wrap(pl_module)  # the fit's first step, counted, then unwrapped
 
     # -- what the step clock calls --------------------------------------------------------
 
-    def step_started(self) -> None:
-        self._memory.step_started()
-
     def step_ended(self, samples: int | None) -> None:
-        self._memory.step_ended()
         if self._wrapped is not None:
             self._unwrap()
             self._counted_samples = samples
@@ -115,14 +112,26 @@ class ThroughputMonitor(compat.Callback):
         n = len(fields(ThroughputStats))
         stats = [ThroughputStats.from_list(r[:n]) for r in rows]
         per_rank = [
-            {**s.rates(), **_memory_from(r[n:]).gib()} for s, r in zip(stats, rows, strict=True)
+            {**s.rates(), **MemoryStats.from_list(r[n:]).gib()}
+            for s, r in zip(stats, rows, strict=True)
         ]
         metrics = over_ranks(per_rank, prefix="throughput/")
         if steps := min(s.steps for s in stats):  # as idle/window_steps
             metrics["throughput/window_steps"] = steps
         log_metrics(trainer, metrics)
 
+    # Validation's memory is not a training step's: left out of the peaks
+    def on_validation_start(self, trainer, pl_module) -> None:
+        if self._memory is not None and trainer.state.fn == "fit":
+            self._memory.pause()
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if self._memory is not None and trainer.state.fn == "fit" and not trainer.sanity_checking:
+            self._memory.start()
+
     def on_train_end(self, trainer, pl_module) -> None:
+        if self._memory is not None:
+            self._memory.pause()
         if self._clock is not None:
             self._clock.finish()  # training is over: waiting costs nothing now
 
@@ -140,7 +149,7 @@ class ThroughputMonitor(compat.Callback):
         precision = _compute_precision(trainer) if device.type == "cuda" else None
         self.report, lines = throughput_report.end_of_fit(
             [ThroughputStats.from_list(r[:n]) for r in rows],
-            [_memory_from(r[n:]) for r in rows],
+            [MemoryStats.from_list(r[n:]) for r in rows],
             flops=self._flops(),
             peak=peak_flops(name, precision, self.peak_tflops),
             device=name,
@@ -198,11 +207,6 @@ def _num_tokens(batch: Any) -> int | None:
     value = batch.get("num_tokens") if isinstance(batch, dict) else None
     value = getattr(batch, "num_tokens", value)
     return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _memory_from(row: list[float]) -> MemoryStats:
-    steps, allocated_max, reserved_max, allocated_sum = row
-    return MemoryStats(round(steps), allocated_max, reserved_max, allocated_sum)
 
 
 def _compute_precision(trainer: pl.Trainer) -> str | None:

@@ -82,6 +82,7 @@ class _Step:
     syncs: list[float] = field(default_factory=list)
     samples: int | None = None
     tokens: int | None = None
+    lane: int = 0
 
 
 class StepTimer:
@@ -112,6 +113,9 @@ class StepTimer:
         if pool is None:
             pool = EventPool(capacity) if self.is_cuda else HostEventPool()
         self._pool = pool
+        # Asked of CUDA once, not at every mark: again at each read-back (refresh_stream)
+        self._stream = runtime().current_stream(device) if self.is_cuda else None
+        self._lane = 0  # how many times the stream changed: marks on one lane complete in order
         self.sync_marks = sync_marks if self.is_cuda else None
         self._tolerance_s = tolerance_ms / 1e3
         self._refs: dict[Any, int] = {}
@@ -170,6 +174,7 @@ class StepTimer:
             h_start=h_start,
             waits=self._gap_waits,
             syncs=marks,
+            lane=self._lane,
         )
         self._last_end, self._gap_ready, self._h_ready, self._gap_waits = None, None, None, []
         self._gap_hooks_done = None
@@ -216,23 +221,48 @@ class StepTimer:
     def poll(self, block: bool = False) -> list[StepTiming]:
         """The steps whose events have all completed, oldest first.
 
-        ``block=True`` waits for the rest: only where waiting costs nothing (run end).
+        Every mark goes to one stream, where events complete in the order recorded: the
+        newest step whose end has completed tells that every older mark has too, so a read
+        queries one or two events, not five a step. Call it once per logging window, not
+        per step. ``block=True`` waits for the rest: only where waiting costs nothing (run end).
         """
-        done = []
-        while self._pending:
-            step = self._pending[0]
-            # the end first: the last mark recorded, so the one most often still pending
-            marks = (step.end, step.prev_end, step.hooks_done, step.ready, step.start)
-            if block:
-                for e in marks:
+        if block:
+            for step in self._pending:
+                for e in (step.end, step.prev_end, step.hooks_done, step.ready, step.start):
                     if e is not None:
                         e.synchronize()
-            elif not all(e is None or e.query() for e in marks):
-                break
-            self._pending.popleft()
+        done = []
+        for _ in range(len(self._pending) if block else self._completed()):
+            step = self._pending.popleft()
             done.append(self._resolve(step))
             self._discard(step)
         return done
+
+    def refresh_stream(self) -> None:
+        """Ask CUDA for the current stream again (at a read-back): a user who switched the
+        fit to a stream of their own is followed from here; the gap across is not timed."""
+        if not self.is_cuda:
+            return
+        stream = runtime().current_stream(self.device)
+        if stream != self._stream:
+            self._stream, self._lane = stream, self._lane + 1
+            self.break_gap()
+
+    def _completed(self) -> int:
+        """How many of the oldest pending steps have completed every mark."""
+        pending, k = self._pending, 0
+        # steps of an earlier stream: no order with the current one, each asked in full
+        while k < len(pending) and pending[k].lane != self._lane:
+            step = pending[k]
+            marks = (step.end, step.prev_end, step.hooks_done, step.ready, step.start)
+            if not all(e is None or e.query() for e in marks):
+                return k
+            k += 1
+        for i in range(len(pending) - 1, k - 1, -1):
+            end = pending[i].end  # None: the pool ran dry at that step; an older one tells
+            if end is not None and end.query():
+                return i + 1
+        return k
 
     def close(self) -> list[StepTiming]:
         """Read back every ended step (blocking) and give all events back."""
@@ -248,7 +278,7 @@ class StepTimer:
     def _record(self) -> Any:
         event = self._pool.acquire()
         if event is not None:
-            event.record(runtime().current_stream(self.device) if self.is_cuda else None)
+            event.record(self._stream)
             self._hold(event)
         return event
 

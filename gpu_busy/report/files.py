@@ -19,7 +19,7 @@ import json
 from pathlib import Path
 from typing import Any, TypedDict
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 # Keys renamed by a version, per file: an older file is read under the new names.
 # 4: run.json's whole-fit rates were "samples_per_s" and "steps_per_s", the names
 # throughput.json (and run.json's "throughput") give the steady rates.
@@ -95,7 +95,6 @@ class ThroughputReport(TypedDict, total=False):
     mfu: float | None  # a fraction, the mean over ranks
     peak_allocated_gib: float | None  # the largest rank's
     peak_reserved_gib: float | None
-    step_peak_allocated_gib: float | None  # a step's peak, the mean over steps and ranks
     ranks: list[dict[str, Any]]  # every rank's own, with "rank"
 
 

@@ -73,7 +73,6 @@ def end_of_fit(
         "mfu": _mean(per_rank, "mfu"),
         "peak_allocated_gib": _max(per_rank, "peak_allocated_gib"),
         "peak_reserved_gib": _max(per_rank, "peak_reserved_gib"),
-        "step_peak_allocated_gib": _mean(per_rank, "step_peak_allocated_gib"),
         "ranks": per_rank,
     }
     return report, lines(report)
@@ -155,8 +154,7 @@ def lines(report: ThroughputReport) -> list[str]:
         return out
     out.append(
         f"  peak memory {allocated:.2f} GiB allocated, {reserved:.2f} GiB reserved "
-        f"(the largest rank's); a step's peak {figure(report['step_peak_allocated_gib'])} GiB "
-        "on average"
+        "(the largest rank's, over the training steps)"
     )
     cached = reserved - allocated
     if reserved > FRAGMENTED_SHARE * allocated and cached > FRAGMENTED_GIB:

@@ -1,17 +1,17 @@
-"""Peak device memory per training step, from the caching allocator's host-side counters.
+"""Peak device memory per logging window, from the caching allocator's host-side counters.
 
-Each step starts with ``reset_peak_memory_stats`` and ends with a read of the allocator's
-statistics; neither calls into the device (docs/ARCHITECTURE.md, "CUDA assumptions").
-Reserved far above allocated is fragmentation. Off CUDA: no figures. The reset is the
-allocator's own, so anyone else's ``max_memory_allocated()`` reads one step's peak.
+A window starts with ``reset_peak_memory_stats`` and ends with one read of the allocator's
+peaks; validation inside a window is left out (read before it, reset after). Neither call
+reaches the device, and neither happens in a steady step (docs/ARCHITECTURE.md, "CUDA calls
+per step"). Reserved far above allocated is fragmentation. Off CUDA: no figures. The reset
+is the allocator's own, so anyone else's ``max_memory_allocated()`` reads the window's peak.
 
 Example::
 
     memory = MemoryPeaks(torch.device("cuda"))
-    memory.step_started()
-    train_step(batch)
-    memory.step_ended()
-    memory.window.allocated_max, memory.total.reserved_max    # bytes
+    memory.start()                  # the fit's first window
+    for _ in range(20): train_step(next(batches))
+    memory.take_window().allocated_max, memory.total.reserved_max    # bytes
 """
 
 from __future__ import annotations
@@ -24,43 +24,33 @@ from typing import Any
 import torch
 
 from gpu_busy.cuda_runtime import runtime
+from gpu_busy.window_sums import WindowSums
 
 GIB = 2**30
 
 
 @dataclass
-class MemoryStats:
-    steps: int = 0
-    allocated_max: float = 0.0  # bytes: the highest step peak
+class MemoryStats(WindowSums):
+    windows: int = 0  # windows read
+    allocated_max: float = 0.0  # bytes: the highest window peak
     reserved_max: float = 0.0
-    allocated_sum: float = 0.0  # of the steps' peaks, for their mean
 
     def add(self, other: MemoryStats) -> None:
-        self.steps += other.steps
+        self.windows += other.windows
         self.allocated_max = max(self.allocated_max, other.allocated_max)
         self.reserved_max = max(self.reserved_max, other.reserved_max)
-        self.allocated_sum += other.allocated_sum
-
-    def take(self) -> MemoryStats:
-        out = MemoryStats(self.steps, self.allocated_max, self.reserved_max, self.allocated_sum)
-        self.steps, self.allocated_max, self.reserved_max, self.allocated_sum = 0, 0.0, 0.0, 0.0
-        return out
-
-    def as_list(self) -> list[float]:
-        return [self.steps, self.allocated_max, self.reserved_max, self.allocated_sum]
 
     def gib(self) -> dict[str, float | None]:
-        """The peaks in GiB; None without a measured step."""
-        n = self.steps
+        """The peaks in GiB; None without a window read."""
+        n = self.windows
         return {
             "peak_allocated_gib": self.allocated_max / GIB if n else None,
             "peak_reserved_gib": self.reserved_max / GIB if n else None,
-            "step_peak_allocated_gib": self.allocated_sum / n / GIB if n else None,
         }
 
 
 class MemoryPeaks:
-    """Per-step peaks on ``device``; on anything but CUDA it measures nothing.
+    """The peaks of each window on ``device``; on anything but CUDA it measures nothing.
 
     Args:
         read: the allocator's peak allocated and reserved bytes, or None before any
@@ -80,27 +70,35 @@ class MemoryPeaks:
         self._reset = reset or (lambda device: runtime().reset_memory_peaks(device))
         self.window = MemoryStats()  # since the last logging step
         self.total = MemoryStats()  # the fit
+        self._open = False
 
-    def step_started(self) -> None:
-        if self.on:
+    def start(self) -> None:
+        """Training steps follow: the peaks count from here."""
+        if self.on and not self._open:
             self._reset(self.device)
+            self._open = True
 
-    def step_ended(self) -> None:
-        if not self.on:
+    def pause(self) -> None:
+        """What follows is no training step (validation): the peaks so far join the window."""
+        if not self._open:
             return
+        self._open = False
         peaks = self._read(self.device)
         if peaks is None:  # CUDA not initialised: nothing was allocated
             return
-        allocated, reserved = peaks
         w = self.window
-        w.steps += 1
-        w.allocated_max = max(w.allocated_max, allocated)
-        w.reserved_max = max(w.reserved_max, reserved)
-        w.allocated_sum += allocated
+        w.windows = 1
+        w.allocated_max = max(w.allocated_max, peaks[0])
+        w.reserved_max = max(w.reserved_max, peaks[1])
 
     def take_window(self) -> MemoryStats:
+        """The window's peaks (at a logging step); the next window starts."""
+        if was_open := self._open:
+            self.pause()
         window = self.window.take()
         self.total.add(window)
+        if was_open:
+            self.start()
         return window
 
 

@@ -205,21 +205,21 @@ class ScriptedAllocator:
         return self.peaks.pop(0)
 
 
-def test_memory_peaks_reset_at_each_step_and_keep_the_highest():
+def test_memory_peaks_are_read_once_per_window_and_leave_validation_out():
     alloc = ScriptedAllocator()
     memory = MemoryPeaks(torch.device("cuda", 0), read=alloc.read, reset=alloc.reset)
-    alloc.peaks = [(2 * 2**30, 3 * 2**30), (4 * 2**30, 5 * 2**30)]
-    for _ in range(2):
-        memory.step_started()
-        memory.step_ended()
-    assert alloc.resets == 2
-    figures = memory.take_window().gib()
-    assert figures == {
-        "peak_allocated_gib": 4.0,
-        "peak_reserved_gib": 5.0,
-        "step_peak_allocated_gib": 3.0,
-    }
-    assert memory.total.steps == 2 and memory.window.steps == 0
+    alloc.peaks = [(2 * 2**30, 3 * 2**30), (4 * 2**30, 5 * 2**30), (1 * 2**30, 6 * 2**30)]
+    memory.start()
+    # steps: no call of the allocator until the window ends
+    assert alloc.resets == 1 and len(alloc.peaks) == 3
+    memory.pause()  # validation: the training peak so far joins the window
+    memory.pause()  # asked twice, read once
+    memory.start()
+    assert memory.take_window().gib() == {"peak_allocated_gib": 4.0, "peak_reserved_gib": 5.0}
+    assert alloc.resets == 3  # the fit's start, after validation, the next window
+    assert memory.take_window().gib() == {"peak_allocated_gib": 1.0, "peak_reserved_gib": 6.0}
+    assert memory.total.gib() == {"peak_allocated_gib": 4.0, "peak_reserved_gib": 6.0}
+    assert memory.total.windows == 2 and memory.window.windows == 0
 
 
 def test_memory_on_a_cpu_measures_nothing():
@@ -227,14 +227,14 @@ def test_memory_on_a_cpu_measures_nothing():
         raise AssertionError("the allocator was asked on a CPU")
 
     memory = MemoryPeaks("cpu", read=fail, reset=fail)
-    memory.step_started()
-    memory.step_ended()
+    memory.start()
+    memory.pause()
     assert memory.take_window().gib()["peak_allocated_gib"] is None
 
 
 def _report(allocated_gib: float, reserved_gib: float, mfu_peak: float | None = 100.0):
     stats = ThroughputStats(steps=10, device_ms=1000.0, samples=320, untokened_steps=10)
-    memory = MemoryStats(10, allocated_gib * 2**30, reserved_gib * 2**30, 10 * 2**30)
+    memory = MemoryStats(2, allocated_gib * 2**30, reserved_gib * 2**30)
     peak = peak_flops("cpu", None, override_tflops=mfu_peak)
     flops = Flops(1e12, 32, "counted")
     return end_of_fit(
@@ -262,7 +262,7 @@ def test_the_report_gives_throughput_mfu_and_memory(monkeypatch):
 
 def test_a_run_with_no_timed_step_says_that_is_why_throughput_is_na():
     stats = ThroughputStats()  # every step was warm-up: none timed, none sized
-    memory = MemoryStats(0, None, None, None)
+    memory = MemoryStats(0, None, None)
     _, lines = end_of_fit(
         [stats], [memory], flops=Flops(None, None, "n/a"), peak=peak_flops("cpu", None),
         device="cpu", precision="32-true", clock="host clock", warmup_steps=5,

@@ -58,6 +58,8 @@ echo "== benchmark suite (python -m bench), full log in $out/bench.txt:"
 sed -n '/^claim /,$p' "$out/bench.txt" | grep . || tail -n 30 "$out/bench.txt"
 echo "== checkpoint saves (python -m bench.checkpoints --device cuda):"
 tail -n 6 "$out/checkpoints.txt"
+echo "== step costs (bash scripts/gpu_step_costs.sh):"
+bash scripts/gpu_step_costs.sh "$out/step_costs" || bench_rc=1
 # Last: how many required checks ran; a skip is a failure of the suite, not a pass.
 "$py" scripts/required_checks.py "$out/gpu_tests.xml" "$out/bench.txt"
 checks_rc=$?

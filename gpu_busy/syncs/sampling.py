@@ -70,9 +70,11 @@ class WatchSchedule:
         self.plain: deque[float] = deque(maxlen=window)
         self._last_watched = -1
 
-    # What a watched step costs before one is measured, in plain steps: about what the sync
-    # detector costs on a small CPU model (docs/BENCHMARKS.md: +34% to +45%), rounded up.
-    PRIOR_EXTRA = 0.5
+    # What a watched step costs before one is measured, in plain steps: what it cost on a
+    # GPU machine, where a watched step is dearest (the default fit: +164%, bench.syncs:
+    # +130%; docs/BENCHMARKS.md), rounded up. A CPU's (+34% to +45%) would let a short GPU
+    # fit watch three steps and go over the budget.
+    PRIOR_EXTRA = 1.75
 
     def plan_fit(self, steps: float | None) -> bool:
         """Fit the always-watched first steps into the budget of a fit of ``steps`` (None or

@@ -23,13 +23,17 @@ class ScriptedEvent:
         self.t = self.gpu.next_time()
 
     def query(self):
+        self.gpu.queries += 1
+        return self.done()
+
+    def done(self):
         return self.t is not None and self.t <= self.gpu.now
 
     def synchronize(self):
         self.gpu.now = max(self.gpu.now, self.t)
 
     def elapsed_time(self, end):
-        assert self.query() and end.query(), "elapsed_time on an unfinished event"
+        assert self.done() and end.done(), "elapsed_time on an unfinished event"
         return end.t - self.t
 
 
@@ -40,6 +44,7 @@ class ScriptedGPU:
         self.capacity, self.free, self.made = capacity, [], 0
         self.times: list[float] = []
         self.now = 0.0
+        self.queries = 0  # query() calls, of every event
 
     def next_time(self):
         return self.times.pop(0)

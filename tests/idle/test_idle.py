@@ -322,6 +322,36 @@ def test_cuda_timer_reads_back_lazily_and_holds_a_bounded_number_of_events(scrip
     assert gpu.in_use == 0, "events leaked"
 
 
+def test_a_window_read_asks_the_newest_ends_only_and_a_new_stream_its_own_marks(monkeypatch):
+    streams = iter(["default", "default", "the user's"])
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: next(streams))
+    gpu = ScriptedGPU(capacity=256)
+    timer = StepTimer(torch.device("cuda", 0), pool=gpu)
+
+    def steps(first: int, n: int) -> None:
+        for step in range(first, first + n):
+            gpu.times += [10.0 * step + 2, 10.0 * step + 3, 10.0 * step + 10]
+            timer.loader_wait(0.0, 0.0)
+            timer.start_step()
+            timer.end_step()
+
+    steps(0, 20)
+    gpu.now = 185.0  # the device has finished step 17 (it ends at 180), not 18
+    done = timer.poll()
+    # one stream completes its events in order: two ends asked, not 4 marks x 20 steps
+    assert [t.step for t in done] == list(range(18)) and gpu.queries == 3
+    timer.refresh_stream()  # the same stream: nothing changes
+    steps(20, 2)
+    timer.refresh_stream()  # the user's own stream from here: no gap across it is timed
+    steps(22, 2)
+    gpu.now, gpu.queries = 225.0, 0  # steps 18 to 21 done on the old stream, 22 not
+    done = timer.poll()
+    assert [t.step for t in done] == [18, 19, 20, 21]
+    assert gpu.queries == 4 * 4 + 2  # the old stream's steps in full, then the newest ends
+    gpu.now = 1e9
+    assert [(t.step, t.idle_ms) for t in timer.poll()] == [(22, None), (23, 2.0)]
+
+
 def test_cuda_timer_pool_exhaustion_leaves_steps_untimed_not_broken(monkeypatch):
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: None)
     gpu = ScriptedGPU(capacity=5)

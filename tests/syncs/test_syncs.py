@@ -585,9 +585,9 @@ def test_allow_syncs_marks_deliberate_syncs_for_strict_assert_and_the_report(no_
 
 def test_the_first_watched_steps_fit_the_budget_of_a_fit_of_known_length():
     s = WatchSchedule(budget=0.01, first=3)
-    assert s.plan_fit(150) and s.first == 3  # 3 x ~50% = 1.5 plain steps of 150
-    assert s.plan_fit(60) and s.first == 1
-    assert not s.plan_fit(20) and s.first == 1  # even one is over 1%: watched, and said
+    assert s.plan_fit(600) and s.first == 3  # 3 x 175% = 5.25 plain steps of 600
+    assert s.plan_fit(288) and s.first == 1  # the default fit: 3 cost 1.7% on a GPU machine
+    assert not s.plan_fit(150) and s.first == 1  # even one is over 1%: watched, and said
     # The lone one is the second step, the first whose window holds a whole step.
     assert [n for n in range(4) if s.should_watch(n)] == [1]
     assert s.plan_fit(None) and s.plan_fit(float("inf")) and s.first == 3

@@ -1,21 +1,21 @@
-"""StepClock: the fit's one step timer, read by every monitor that times steps.
+"""StepClock: the fit's one step timer and its one logging window, shared by the callbacks.
 
 One ``gpu_busy.idle.StepTimer`` times each training step and the gap before it; each
-step's timing goes to every subscribed monitor, and at a logging step their window rows
-go over ranks in one gather; the steps' events are read back there too, not per step
-(docs/ARCHITECTURE.md, "CUDA calls per step"). Two marks at the ends of the callback list
-bracket the step, so the other callbacks' work falls between steps, where the GPU really
-waits for it.
+step's timing goes to every subscribed monitor. At a logging step the window closes: the
+steps' events are read back (not per step: docs/ARCHITECTURE.md, "CUDA calls per step")
+and every member's window row (figures, counts, flags) goes over ranks in one gather. Two
+marks at the ends of the callback list bracket the step, so the other callbacks' work falls
+between steps, where the GPU really waits for it.
 
 Example::
 
     class MyMonitor(Callback):
         def on_train_start(self, trainer, pl_module):
             StepClock.subscribe(trainer, self)
-        def take(self, timings): ...                    # each step's StepTiming, read back
         def window_row(self) -> list[float]: ...        # at a logging step, this rank's
         def log_window(self, trainer, rows): ...        # every rank's rows, in rank order
-        # optional: step_started() right before the step, step_ended(samples) right after
+        # optional: take(timings), each step's StepTiming once read back (at the window);
+        # step_started() right before the step, step_ended(samples) right after
 """
 
 from __future__ import annotations
@@ -47,7 +47,8 @@ class StepClock:
         self.timer = StepTimer(trainer.strategy.root_device, capacity=8 * window + 64)
         self.marks: SyncMarks | None = None
         self.subscribers: list[Any] = []
-        self._at_start: list[Any] = []  # subscribers with step_started(), step_ended()
+        self._takers: list[Any] = []  # subscribers with take(), step_started(), step_ended()
+        self._at_start: list[Any] = []
         self._at_end: list[Any] = []
         self._tokens: Any = None  # a subscriber's tokens(batch), where one counts them
         self.samples = 0  # every step's, timed or not (None: a batch had no size)
@@ -64,13 +65,14 @@ class StepClock:
 
     @classmethod
     def subscribe(cls, trainer: pl.Trainer, monitor: Any, sync_marks: bool = False) -> StepClock:
-        """The fit's clock (placed now if no monitor has yet), with ``monitor`` reading it;
-        ``sync_marks``: on CUDA, tell a sync stall apart with CUDA's sync debug mode."""
+        """The fit's clock (placed now if no monitor has yet), with ``monitor`` in its logging
+        window; ``sync_marks``: on CUDA, tell a sync stall apart with CUDA's sync debug mode."""
         clock = _CLOCKS.get(trainer)
         if clock is None or not clock._edges:
             clock = _CLOCKS[trainer] = cls(trainer)
         if monitor not in clock.subscribers:
             clock.subscribers.append(monitor)
+            clock._takers += [monitor] if hasattr(monitor, "take") else []
             clock._at_start += [monitor] if hasattr(monitor, "step_started") else []
             clock._at_end += [monitor] if hasattr(monitor, "step_ended") else []
             clock._tokens = clock._tokens or getattr(monitor, "tokens", None)
@@ -133,7 +135,7 @@ class StepClock:
 
     def _give(self, timings: list) -> None:
         if timings:
-            for monitor in self.subscribers:
+            for monitor in self._takers:
                 monitor.take(timings)
 
     def _log_window(self, trainer: pl.Trainer) -> None:
@@ -143,10 +145,15 @@ class StepClock:
         self.timer.refresh_stream()
         rows = [monitor.window_row() for monitor in self.subscribers]
         gathered = gather_rows(trainer, [x for row in rows for x in row])
-        start = 0
+        start, raised = 0, None
         for monitor, row in zip(self.subscribers, rows, strict=True):
-            monitor.log_window(trainer, [r[start : start + len(row)] for r in gathered])
+            try:  # every member logs its window, one that stops the fit (a signal) too
+                monitor.log_window(trainer, [r[start : start + len(row)] for r in gathered])
+            except Exception as err:  # raised once all have logged
+                raised = raised or err
             start += len(row)
+        if raised is not None:
+            raise raised
 
 
 class _StepEnd(compat.Callback):

@@ -1,8 +1,9 @@
 """StopOnSignal: on SIGTERM or SIGINT, save a checkpoint that resumes exactly, then stop.
 
 The current step finishes, ``last.ckpt`` is written, and the run ends with one line and
-exit code 128 + the signal; a second Ctrl+C stops at once. Under DDP the ranks agree every
-``every_n_steps`` in one all-reduce, in place of Lightning's per-step broadcast. Details:
+exit code 128 + the signal; a second Ctrl+C stops at once. Under DDP the ranks agree at each
+logging step in the fit's one gather (``StepClock``), or every ``every_n_steps`` in an
+all-reduce of their own, in place of Lightning's per-step broadcast. Details:
 docs/ARCHITECTURE.md, "Signals".
 
 Example::
@@ -22,6 +23,7 @@ import torch
 
 from gpu_busy import batch_routing
 from gpu_busy import lightning_compat as compat
+from gpu_busy.callbacks.step_clock import StepClock
 from gpu_busy.faults.stop_request import StopRequest, signal_name
 from gpu_busy.faults.training_stopped import TrainingStopped
 from gpu_busy.log import get_logger
@@ -34,8 +36,9 @@ class StopOnSignal(compat.Callback):
     """Save ``last.ckpt`` and stop (all ranks at the same step) on SIGTERM or SIGINT.
 
     Args:
-        every_n_steps: under DDP, steps between the ranks' agreement checks; None uses the
-            trainer's ``log_every_n_steps``. One process checks every step regardless.
+        every_n_steps: under DDP, steps between the ranks' agreement checks (an all-reduce
+            each); None: at each logging step, in the gather the other callbacks' figures
+            ride. One process checks every step regardless.
     """
 
     def __init__(self, every_n_steps: int | None = None) -> None:
@@ -45,6 +48,7 @@ class StopOnSignal(compat.Callback):
         self.checks = 0  # DDP agreement checks run in this fit (for tests and curiosity)
         self.request = StopRequest()
         self._stopped = False  # this fit ended in a save-and-stop
+        self._mine = 0  # this rank's signal at the last logging step, for the window
         self._undo_broadcast = None
         self._layer = batch_routing.Layer("stop-on-signal", position=-1)
 
@@ -64,6 +68,8 @@ class StopOnSignal(compat.Callback):
         # gone: turn it off entirely.
         self._undo_broadcast = compat.throttle_sigterm_broadcast(trainer, lambda: False)
         self._route(trainer.fit_loop)
+        if self._in_window(trainer):
+            StepClock.subscribe(trainer, self)
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:
         self._route(trainer.fit_loop)  # reload_dataloaders_every_n_epochs: a new loader
@@ -90,16 +96,36 @@ class StopOnSignal(compat.Callback):
             self._save_and_stop(trainer, self.request.signum)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if self._in_window(trainer):
+            self._mine = self._signal_here(trainer)  # agreed in the window (log_window)
+            return
         signum = self._agreed_signal(trainer)
         if signum:
             self._save_and_stop(trainer, signum)
 
+    def _in_window(self, trainer: pl.Trainer) -> bool:
+        """Under DDP, by default, the ranks agree in the fit's one logging window: one
+        gather with the other callbacks' figures instead of an all-reduce of its own."""
+        return trainer.world_size > 1 and self.every_n_steps is None
+
+    def window_row(self) -> list[float]:
+        return [float(self._mine)]
+
+    def log_window(self, trainer: pl.Trainer, rows: list[list[float]]) -> None:
+        self.checks += 1
+        signum = int(max(row[0] for row in rows))
+        if signum:
+            self._save_and_stop(trainer, signum)
+
+    def _signal_here(self, trainer: pl.Trainer) -> int:
+        return self.request.signum or (int(signal.SIGTERM) if trainer.received_sigterm else 0)
+
     def _agreed_signal(self, trainer: pl.Trainer) -> int:
         """The signal every rank agrees to stop for, or 0 to go on."""
-        mine = self.request.signum or (int(signal.SIGTERM) if trainer.received_sigterm else 0)
+        mine = self._signal_here(trainer)
         if trainer.world_size == 1:
             return mine
-        every = self.every_n_steps or max(1, trainer.log_every_n_steps)
+        every = self.every_n_steps
         # Batches run in the whole fit: the same on every rank, and restored on resume.
         if trainer.fit_loop.epoch_loop.batch_progress.total.processed % every:
             return 0
@@ -125,6 +151,8 @@ class StopOnSignal(compat.Callback):
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._layer.remove()
+        if (clock := StepClock.of(trainer)) is not None:
+            clock.remove(trainer)
         if self.request.requested and not self._stopped and trainer.state.fn == "fit":
             log.info(
                 "%s after the last training step: the run had finished, its reports are "

@@ -20,6 +20,7 @@ from lightning.pytorch.utilities.model_helpers import is_overridden
 from gpu_busy import batch_routing
 from gpu_busy import lightning_compat as compat
 from gpu_busy.callbacks.ranks import gather_rows, log_metrics, over_ranks, publish, run_dir
+from gpu_busy.callbacks.step_clock import StepClock
 from gpu_busy.log import get_logger
 from gpu_busy.prefetch import PrefetchIterator, PrefetchStats, StreamCopier
 from gpu_busy.report import prefetch as prefetch_report
@@ -91,6 +92,8 @@ class StreamPrefetcher(compat.Callback):
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._layer.remove()
+        if (clock := StepClock.of(trainer)) is not None:
+            clock.remove(trainer)
         if self._copier is not None:
             self._copier.close()
 
@@ -98,6 +101,8 @@ class StreamPrefetcher(compat.Callback):
 
     def on_train_start(self, trainer, pl_module) -> None:
         self._route(trainer.fit_loop, self.train_stats, training=True)
+        if self.enabled and self._copier is not None:
+            StepClock.subscribe(trainer, self)  # the figures ride the fit's one window
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:
         # reload_dataloaders_every_n_epochs gives the loop a new loader
@@ -132,14 +137,15 @@ class StreamPrefetcher(compat.Callback):
 
     # -- figures ---------------------------------------------------------------------
 
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if not (self.enabled and self._copier is not None and compat.is_logging_step(trainer)):
-            return
+    def window_row(self) -> list[float]:
         self._copier.poll()  # the window's copy timings: read here, not per batch
+        window = self.train_stats.take()
+        self.train_total.add(window)
+        return window.as_list()
+
+    def log_window(self, trainer: pl.Trainer, rows: list[list[float]]) -> None:
         if self.log_stats:
-            window = self.train_stats.take()
-            self.train_total.add(window)
-            per_rank = [s.means() for s in self._per_rank(trainer, window)]
+            per_rank = [PrefetchStats.from_list(r).means() for r in rows]
             log_metrics(trainer, over_ranks(per_rank, prefix="prefetch/"))
 
     def on_validation_end(self, trainer, pl_module) -> None:

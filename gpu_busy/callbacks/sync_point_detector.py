@@ -23,6 +23,7 @@ import lightning.pytorch as pl
 from gpu_busy import batch_routing
 from gpu_busy import lightning_compat as compat
 from gpu_busy.callbacks.ranks import gather_objects, gather_rows, log_metrics, publish, run_dir
+from gpu_busy.callbacks.step_clock import StepClock
 from gpu_busy.log import get_logger
 from gpu_busy.report import syncs as syncs_report
 from gpu_busy.syncs.attribution import OPTIMIZER_STEP
@@ -82,6 +83,7 @@ class SyncPointDetector(compat.Callback):
         self.steps: WatchedSteps | None = None
         # (logger step, epoch, syncs, steady) of the watched steps since the last log
         self._rows: list[tuple[int, int, int, bool]] = []
+        self._window_rows: list[tuple[int, int, int, bool]] = []  # the window being logged
         self.totals = WatchedSums()  # this rank's, in this fit
         self._costs: tuple[float | None, float | None] = (None, None)  # watched, plain (s)
 
@@ -129,6 +131,7 @@ class SyncPointDetector(compat.Callback):
             self._unwrap.callback(compat.moves_to_the_cpu_as_to_cuda())
         self._fit_start = time.perf_counter()
         self._first_global_step = trainer.global_step
+        StepClock.subscribe(trainer, self)  # the counts ride the fit's one window
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:
         if self.steps is not None:
@@ -165,8 +168,11 @@ class SyncPointDetector(compat.Callback):
             n = len(events)
             self._rows.append((step, trainer.current_epoch, n, steady))
             self.totals.add(WatchedSums(1, n, int(steady), n if steady else 0))
-        if logging_now:
-            self._log_window(trainer)  # a collective: outside any window
+        if not logging_now:
+            self._next_window()
+        # else: the fit's window gathers first, outside any watched one (log_window)
+
+    def _next_window(self) -> None:
         self.steps.next_window()
         self._phases_seen(self.steps.watching)
 
@@ -194,6 +200,8 @@ class SyncPointDetector(compat.Callback):
 
     def teardown(self, trainer, pl_module, stage) -> None:
         self._close()
+        if (clock := StepClock.of(trainer)) is not None:
+            clock.remove(trainer)
 
     def _close(self) -> None:
         self._phases_seen(True)
@@ -214,20 +222,29 @@ class SyncPointDetector(compat.Callback):
 
     # -- figures -------------------------------------------------------------------
 
-    def _log_window(self, trainer) -> None:
-        """Reduce this window over ranks (every rank), re-plan sampling, log on rank zero."""
-        rows = self._rows[-_MAX_ROWS:]
-        self._rows = []
+    def window_row(self) -> list[float]:
+        """This rank's window: the watched steps' sync counts and the costs measured."""
+        self._window_rows, self._rows = self._rows[-_MAX_ROWS:], []
         watched_s, plain_s = self.schedule.estimate()
-        own = [
-            float(len(rows)),
-            float(sum(r[2] for r in rows)),
+        return [
+            float(len(self._window_rows)),
+            float(sum(r[2] for r in self._window_rows)),
             _or_nan(watched_s),
             _or_nan(plain_s),
-            *[float(r[2]) for r in rows],
-            *[0.0] * (_MAX_ROWS - len(rows)),
+            *[float(r[2]) for r in self._window_rows],
+            *[0.0] * (_MAX_ROWS - len(self._window_rows)),
         ]
-        gathered = gather_rows(trainer, own)
+
+    def log_window(self, trainer, gathered: list[list[float]]) -> None:
+        """Every rank's window: re-plan sampling, log on rank zero, then open the next
+        watched step's window (after the gather, which is no step's)."""
+        try:
+            self._log_gathered(trainer, gathered)
+        finally:
+            self._next_window()
+
+    def _log_gathered(self, trainer, gathered: list[list[float]]) -> None:
+        rows = self._window_rows
         watched_s, plain_s = WatchSchedule.costliest([(r[2], r[3]) for r in gathered])
         self.schedule.update(watched_s, plain_s)
         self._costs = (watched_s, plain_s)

@@ -143,7 +143,9 @@ def run_entry_point(
     """Run ``python -m template.train`` as a user would; returns the CompletedProcess.
     ``new_session``: in a process group of its own, which the run may signal whole."""
     needs_cli()
-    full_env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", **(env or {})}
+    # The project first, then what the caller's path held (packages carried to a machine)
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    full_env = {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1", **(env or {})}
     return subprocess.run(
         [sys.executable, "-m", "template.train", *args],
         cwd=cwd,

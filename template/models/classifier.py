@@ -49,7 +49,8 @@ class ImageClassifier(pl.LightningModule):
         depth: 18 or 34; width: channels of the first stage (64 is the standard ResNet).
         lr: peak learning rate (after warm-up), for ``lr_batch_size`` images per step
             summed over ranks; scaled linearly to the actual global batch.
-        channels_last: channels-last weights and inputs; ``None`` means on for CUDA.
+        channels_last: channels-last weights and inputs; ``None`` means on for CUDA, off
+            under a sharding strategy (FSDP2 shards contiguous weights only).
         compile: wrap the network in ``torch.compile``: ``true`` (its default mode, which
             fuses kernels: for a step bound by the GPU's own work), or a mode by name,
             ``reduce-overhead`` (CUDA graphs: for a launch-bound step), ``max-autotune``.
@@ -121,8 +122,14 @@ class ImageClassifier(pl.LightningModule):
 
     def setup(self, stage: str) -> None:
         channels_last = self.hparams.channels_last
+        sharded = self.device_mesh is not None  # FSDP2 shards contiguous parameters only
+        if channels_last and sharded:
+            raise UserError(
+                "model.channels_last=true cannot be sharded (FSDP2 takes contiguous weights "
+                "only): leave it null, which turns it off under a sharding strategy"
+            )
         if channels_last is None:
-            channels_last = self.trainer.strategy.root_device.type == "cuda"
+            channels_last = self.trainer.strategy.root_device.type == "cuda" and not sharded
         self._channels_last = channels_last
         if channels_last:
             self.net.to(memory_format=torch.channels_last)

@@ -80,3 +80,23 @@ def test_the_peak_lr_and_the_warmup_follow_the_global_batch(ranks, batch, accumu
     assert factors[0] == pytest.approx(0.04) and factors[-1] < 0.01
     # the warm-up ends after a fifth of the run's images, to within one step's images
     assert abs(peak_step * global_batch - 0.2 * images) <= global_batch
+
+
+@pytest.mark.parametrize("asked", [None, True])
+def test_a_sharded_model_keeps_contiguous_weights_on_cuda(asked):
+    """FSDP2's fully_shard refuses a channels-last weight (seen on a GPU machine: 'FSDP does
+    not support non-contiguous parameters'): null turns it off under sharding, true says so."""
+    from types import SimpleNamespace
+
+    model = ImageClassifier(depth=18, width=8, channels_last=asked)
+    model._trainer = SimpleNamespace(strategy=SimpleNamespace(root_device=torch.device("cuda")))
+    model._device_mesh = object()  # what a sharding strategy sets before setup()
+    if asked:
+        with pytest.raises(UserError, match="channels_last=true cannot be sharded"):
+            model.setup("fit")
+        return
+    model.setup("fit")
+    assert all(p.is_contiguous() for p in model.net.parameters())
+    model._device_mesh = None  # one GPU, no sharding: channels-last as before
+    model.setup("fit")
+    assert not all(p.is_contiguous() for p in model.net.parameters() if p.ndim == 4)

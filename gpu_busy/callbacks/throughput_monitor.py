@@ -25,6 +25,7 @@ import torch
 from gpu_busy import lightning_compat as compat
 from gpu_busy.callbacks.ranks import gather_rows, log_metrics, over_ranks, publish, run_dir
 from gpu_busy.callbacks.step_clock import StepClock
+from gpu_busy.log import get_logger
 from gpu_busy.report import throughput as throughput_report
 from gpu_busy.report.throughput import Flops
 from gpu_busy.throughput import (
@@ -34,6 +35,8 @@ from gpu_busy.throughput import (
     ThroughputStats,
     peak_flops,
 )
+
+log = get_logger(__name__)
 
 # What a LightningModule runs for one batch; the wrappers count what runs inside them.
 _COUNTED_HOOKS = ("training_step", "backward")
@@ -97,6 +100,12 @@ class ThroughputMonitor(compat.Callback):
         if self._wrapped is not None:
             self._unwrap()
             self._counted_samples = samples
+            if self._count is not None and self._count.error:
+                log.warning(
+                    "ThroughputMonitor: FLOPs not counted, MFU n/a (%s); training goes on; "
+                    "give flops_per_batch= to have them",
+                    self._count.error,
+                )
 
     def take(self, timings) -> None:
         for t in timings:
@@ -164,6 +173,8 @@ class ThroughputMonitor(compat.Callback):
             return Flops(self.flops_per_batch, None, "given (flops_per_batch=)")
         if self._count is None or self._count.calls == 0:
             return Flops(None, None, "no training step ran")
+        if self._count.error:
+            return Flops(None, None, f"not counted ({self._count.error}); give flops_per_batch=")
         if self._count.flops is None:
             return Flops(
                 None,

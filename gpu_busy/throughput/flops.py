@@ -49,12 +49,46 @@ CPU_ATTENTION = {
 }
 
 
+class _GlobalOnly:
+    """``FlopCounterMode``'s module tracker, without its hooks: only the total is read. The
+    tracker hooks the inputs of every module call, and raises on a view that requires grad
+    but has no ``grad_fn`` (a custom autograd Function running modules under ``no_grad``, as
+    openai's diffusion UNets checkpoint their blocks: ``torch/autograd/graph.py``,
+    ``_get_grad_fn_or_grad_acc``), which would end the user's fit."""
+
+    parents = frozenset({"Global"})
+
+    def __enter__(self) -> _GlobalOnly:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+class _Counter(FlopCounterMode):
+    """The total only, and a formula that fails is remembered, not raised into the step."""
+
+    def __init__(self) -> None:
+        super().__init__(display=False, custom_mapping=CPU_ATTENTION)
+        self.mod_tracker = _GlobalOnly()  # what FlopCounterMode.__init__ set: its only use
+        self.error: Exception | None = None
+
+    def _count_flops(self, func_packet: Any, out: Any, args: Any, kwargs: Any) -> Any:
+        try:
+            return super()._count_flops(func_packet, out, args, kwargs)
+        except Exception as err:  # the op ran; only its count is lost
+            self.error = self.error or err
+            return out
+
+
 class FlopCount:
-    """FLOPs summed over every call made through ``around``."""
+    """FLOPs summed over every call made through ``around``; ``error`` says why there is no
+    count where counting failed (the calls themselves run as without it)."""
 
     def __init__(self) -> None:
         self.total = 0
         self.calls = 0
+        self.error: str | None = None
         self._inside = False
 
     def around(self, fn: Callable) -> Callable:
@@ -64,12 +98,15 @@ class FlopCount:
                 return fn(*args, **kwargs)
             self._inside = True
             try:
-                with FlopCounterMode(display=False, custom_mapping=CPU_ATTENTION) as counter:
+                with _Counter() as counter:
                     out = fn(*args, **kwargs)
             finally:
                 self._inside = False
             self.total += counter.get_total_flops()
             self.calls += 1
+            if counter.error is not None and self.error is None:
+                err = counter.error
+                self.error = f"a FLOP formula raised {type(err).__name__}: {err}"
             return out
 
         return counted
@@ -77,5 +114,5 @@ class FlopCount:
     @property
     def flops(self) -> int | None:
         """None where no op with a formula ran (kernels the dispatcher never saw, such as a
-        custom extension's, count nothing)."""
-        return self.total or None
+        custom extension's, count nothing) or a formula failed (``error``)."""
+        return None if self.error else (self.total or None)

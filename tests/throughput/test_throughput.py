@@ -30,7 +30,7 @@ from gpu_busy.throughput import (
     peak_flops,
 )
 from template.models.resnet import cifar_resnet
-from tests.helpers.foreign_modules import SyntheticTransformer
+from tests.helpers.foreign_modules import CheckpointedBlocks, SyntheticTransformer
 from tests.helpers.scripted_gpu import ScriptedGPU
 from tests.helpers.trainers import quiet_trainer
 
@@ -411,6 +411,40 @@ def test_a_foreign_transformer_is_counted_and_given_flops_are_used():
     assert given.report["flops_counted"] == "given (flops_per_batch=)"
     assert given.report["mfu"] > 0
     assert given.report["mfu"] == pytest.approx(given.report["achieved_tflops"])  # of 1 TFLOP/s
+
+
+def test_a_block_checkpointed_under_no_grad_trains_under_the_default_callbacks(tmp_path):
+    """openai's checkpointing (a custom autograd Function running modules under no_grad)
+    ended the fit's first step inside FlopCounterMode's module tracker; counted now."""
+    from bench.host import default_config_parts
+
+    callbacks, plugins = default_config_parts()
+    trainer = quiet_trainer(
+        max_steps=6, callbacks=callbacks, plugins=plugins, logger=CSVLogger(tmp_path),
+        enable_checkpointing=True, enable_progress_bar=True, default_root_dir=tmp_path,
+    )  # fmt: skip
+    trainer.fit(CheckpointedBlocks())
+    assert trainer.global_step == 6
+    monitor = next(c for c in callbacks if isinstance(c, ThroughputMonitor))
+    model, (x,) = CheckpointedBlocks(), next(iter(CheckpointedBlocks().train_dataloader()))
+    count = FlopCount()
+    count.around(lambda: model.training_step((x,), 0).backward())()
+    # the recomputed forward in backward counts: the hardware ran it
+    assert monitor.report["flops_per_batch"] == count.flops > 0
+
+
+def test_a_flop_formula_that_raises_loses_the_count_not_the_step(monkeypatch):
+    from torch.utils import flop_counter
+
+    def broken(*args, **kwargs):
+        raise ValueError("no formula for these shapes")
+
+    monkeypatch.setitem(flop_counter.flop_registry, torch.ops.aten.mm, broken)
+    a, b = torch.randn(4, 8), torch.randn(8, 2)
+    count = FlopCount()
+    out = count.around(torch.mm)(a, b)
+    assert torch.equal(out, a @ b) and count.calls == 1
+    assert count.flops is None and "ValueError: no formula for these shapes" in count.error
 
 
 def test_tokens_come_from_the_batch_when_it_says(tmp_path):

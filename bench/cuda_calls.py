@@ -65,6 +65,7 @@ class CountingCuda(CudaRuntime):
         self.where = where
         self.counts: Counter[tuple[str, str, str]] = Counter()
         self.compute = _Stream(self)
+        self.on_side_stream = False  # inside on_stream(): work goes to another stream
 
     def count(self, kind: str) -> None:
         row, bucket = self.where()
@@ -88,9 +89,11 @@ class CountingCuda(CudaRuntime):
     @contextlib.contextmanager
     def on_stream(self, stream: Any) -> Iterator[None]:
         self.count("stream enter/exit")
+        outer, self.on_side_stream = self.on_side_stream, stream is not self.compute
         try:
             yield
         finally:
+            self.on_side_stream = outer
             self.count("stream enter/exit")
 
     @contextlib.contextmanager

@@ -17,12 +17,14 @@ Example::
 
 from __future__ import annotations
 
+import functools
+import inspect
 import threading
 import time
 import warnings
 from abc import ABC
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -57,7 +59,7 @@ class PrefetchStats(WindowSums):
     exposed_copies: int = 0
     exposed_copy_ms: float = 0.0
     pageable_batches: int = 0
-    unmoved_batches: int = 0  # left to Lightning: they move themselves (see StreamCopier)
+    unmoved_batches: int = 0  # left to Lightning: an object's .to takes no non_blocking
 
     def means(self) -> dict[str, float | None]:
         """Per-copy time, exposed time and hidden share; None = n/a."""
@@ -100,10 +102,12 @@ class _Leaves:
     Plain lists, tuples and dicts of tensors and numbers (the usual batch) are walked by
     hand; namedtuples and tensor subclasses by torch's pytree; any other leaf (a dataclass,
     an object with its own ``.to``) by ``apply_to_collection``, as Lightning's transfer
-    does. ``mover`` is the type of a leaf that moves itself with ``.to``, or None.
+    does. An object whose ``.to`` takes ``non_blocking`` (PyTorch Geometric's ``Data`` and
+    ``Batch``) is one of ``objects``, moved by its own ``.to``; ``mover`` is the type of one
+    whose ``.to`` does not, or None.
     """
 
-    __slots__ = ("_rebuild", "mover", "tensors")
+    __slots__ = ("_rebuild", "mover", "objects", "tensors")
 
     def __init__(self, batch: Any) -> None:
         tensors: list[torch.Tensor] = []
@@ -111,27 +115,30 @@ class _Leaves:
             # The usual batch, lists, tuples and dicts of tensors and numbers (Lightning
             # hands the prefetcher ``(batch, batch_idx, dataloader_idx)``): walked by hand,
             # at a tenth of pytree's flatten and unflatten (11 us a batch, bench.host).
-            self.tensors, self.mover = tensors, None
-            self._rebuild = lambda moved: _plain_rebuild(batch, iter(moved))
+            self.tensors, self.mover, self.objects = tensors, None, []
+            self._rebuild = lambda moved, _=(): _plain_rebuild(batch, iter(moved))
             return
         leaves, spec = tree_flatten(batch)
         if all(isinstance(x, _SIMPLE) for x in leaves):
             slots = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
             self.tensors: list[torch.Tensor] = [leaves[i] for i in slots]
             self.mover: type | None = None
+            self.objects: list[Any] = []
 
-            def rebuild(tensors: list[torch.Tensor]) -> Any:
+            def rebuild(tensors: list[torch.Tensor], objects: Any = ()) -> Any:
                 out = list(leaves)
                 for i, t in zip(slots, tensors, strict=True):
                     out[i] = t
                 return tree_unflatten(out, spec)
 
         else:
-            self.tensors, movers = [], []
+            self.tensors, self.objects, movers = [], [], []
 
             def see(leaf: Any) -> Any:
                 if isinstance(leaf, torch.Tensor):
                     self.tensors.append(leaf)
+                elif _takes_non_blocking(type(leaf)):
+                    self.objects.append(leaf)
                 elif not movers:
                     movers.append(type(leaf))
                 return leaf
@@ -139,14 +146,53 @@ class _Leaves:
             apply_to_collection(batch, _Movable, see)
             self.mover = movers[0] if movers else None
 
-            def rebuild(tensors: list[torch.Tensor]) -> Any:
-                it = iter(tensors)
-                return apply_to_collection(batch, torch.Tensor, lambda _: next(it))
+            def rebuild(tensors: list[torch.Tensor], objects: Any = ()) -> Any:
+                ts, objs = iter(tensors), iter(objects)
+                return apply_to_collection(
+                    batch, _Movable, lambda x: next(ts if isinstance(x, torch.Tensor) else objs)
+                )
 
         self._rebuild = rebuild
 
-    def rebuild(self, tensors: list[torch.Tensor]) -> Any:
-        return self._rebuild(tensors)
+    def rebuild(self, tensors: list[torch.Tensor], objects: Any = ()) -> Any:
+        """The batch with its tensors, and its objects that move themselves, replaced."""
+        return self._rebuild(tensors, objects)
+
+
+@functools.cache
+def _takes_non_blocking(kind: type) -> bool:
+    """Whether ``kind.to`` takes ``non_blocking`` (by name or as any keyword)."""
+    try:
+        params = inspect.signature(kind.to).parameters.values()
+    except (TypeError, ValueError):  # a builtin without a signature
+        return False
+    return any(p.name == "non_blocking" or p.kind is p.VAR_KEYWORD for p in params)
+
+
+def tensors_in(obj: Any, depth: int = 4) -> list[torch.Tensor]:
+    """The tensors an object holds in its attributes, dicts, lists and tuples, ``depth``
+    levels down (PyTorch Geometric's ``Data`` keeps them in a storage's dict, two down)."""
+    found: list[torch.Tensor] = []
+    seen: set[int] = set()
+
+    def walk(x: Any, left: int) -> None:
+        if isinstance(x, torch.Tensor):
+            found.append(x)
+            return
+        if left == 0 or id(x) in seen or isinstance(x, (str, bytes, int, float, type(None))):
+            return
+        seen.add(id(x))
+        if isinstance(x, Mapping):
+            values = x.values()
+        elif isinstance(x, (list, tuple)):
+            values = x
+        else:
+            values = getattr(x, "__dict__", {}).values()
+        for v in values:
+            walk(v, left - 1)
+
+    walk(obj, depth)
+    return found
 
 
 def _plain_tensors(x: Any, out: list[torch.Tensor]) -> bool:
@@ -232,20 +278,27 @@ class StreamCopier:
     def start(self, batch: Any) -> InFlightBatch:
         leaves = _Leaves(batch)  # the one walk of the batch
         if leaves.mover is not None:
+            name = leaves.mover.__name__
             self._warn_once(
                 "unmoved",
-                f"StreamPrefetcher leaves batches holding {leaves.mover.__name__} to Lightning: "
-                "it moves itself with .to(), and the prefetcher cannot see the tensors inside "
-                "to keep their memory safe on a side stream. Those batches are copied on the "
-                "compute stream, without overlap; return tensors, dicts or dataclasses of "
-                "tensors from the DataLoader to prefetch them.",
+                f"StreamPrefetcher leaves batches holding {name} to Lightning: {name}.to() "
+                "takes no non_blocking, so it cannot copy on a side stream without blocking. "
+                "Those batches are copied on the compute stream, without overlap; give "
+                f"{name}.to a non_blocking argument passed to each tensor's .to() (as "
+                "PyTorch Geometric's Data.to does), or return tensors, dicts or dataclasses "
+                "of tensors from the DataLoader.",
             )
             return InFlightBatch(batch, unmoved=True)
         if not self.is_cuda:
             t0 = time.perf_counter()
-            moved = leaves.rebuild([_to(t, self.device, False) for t in leaves.tensors])
+            moved = leaves.rebuild(
+                [_to(t, self.device, False) for t in leaves.tensors],
+                # as on CUDA: the sync detector's simulation sees the copies a GPU would make
+                [o.to(self.device, non_blocking=True) for o in leaves.objects],
+            )
             return InFlightBatch(moved, host_copy_ms=1e3 * (time.perf_counter() - t0))
-        if any(t.device.type == "cpu" and not runtime().is_pinned(t) for t in leaves.tensors):
+        held = [*leaves.tensors, *(t for o in leaves.objects for t in tensors_in(o))]
+        if any(t.device.type == "cpu" and not runtime().is_pinned(t) for t in held):
             self._warn_once("pageable", PAGEABLE_WARNING)
             if self.pin_memory:
                 if self._pin_pool is None:
@@ -328,7 +381,11 @@ class StreamCopier:
     # -- internals ---------------------------------------------------------------
 
     def _copy(
-        self, leaves: _Leaves, tensors: list[torch.Tensor], pageable: bool = False
+        self,
+        leaves: _Leaves,
+        tensors: list[torch.Tensor],
+        pageable: bool = False,
+        objects: list[Any] | None = None,
     ) -> InFlightBatch:
         start = self._events.acquire()
         ready = self._events.acquire() if start is not None else None
@@ -341,12 +398,19 @@ class StreamCopier:
             if start is not None:
                 start.record(self.stream)
             moved = [_to(t, self.device, True) for t in tensors]
+            # objects that move themselves: their .to, told non_blocking, copies each field
+            objects = [o.to(self.device, non_blocking=True) for o in (objects or leaves.objects)]
             ready.record(self.stream)
         if start is not None:
             with self._lock:
                 self._issued[id(start)] = (start, ready)
+        inner = [t for o in objects for t in tensors_in(o)]  # for record_stream at the hand-over
         return InFlightBatch(
-            leaves.rebuild(moved), ready=ready, copy_start=start, pageable=pageable, tensors=moved
+            leaves.rebuild(moved, objects),
+            ready=ready,
+            copy_start=start,
+            pageable=pageable,
+            tensors=[*moved, *inner],
         )
 
     def _pin_and_copy(self, leaves: _Leaves) -> InFlightBatch:
@@ -355,7 +419,8 @@ class StreamCopier:
                 t.pin_memory() if t.device.type == "cpu" and not runtime().is_pinned(t) else t
                 for t in leaves.tensors
             ]
-            return self._copy(leaves, pinned, pageable=True)
+            objects = [o.pin_memory() if hasattr(o, "pin_memory") else o for o in leaves.objects]
+            return self._copy(leaves, pinned, pageable=True, objects=objects)
 
     def _warn_once(self, kind: str, message: str) -> None:
         with self._lock:

@@ -27,6 +27,7 @@ def end_of_fit(total: PrefetchStats) -> tuple[PrefetchReport, list[str]]:
     if total.unmoved_batches:
         lines.append(
             f"prefetch: off for {total.unmoved_batches} of {total.batches} batches: they "
-            "move themselves with .to(), so Lightning copied them on the compute stream"
+            "hold an object whose .to() takes no non_blocking, so Lightning copied them on "
+            "the compute stream"
         )
     return report, lines

@@ -145,16 +145,6 @@ def test_plain_containers_are_walked_by_hand_and_rebuilt_as_the_same_kinds(kind,
     assert doubled[0][1]["n"] == [3, None, "s", True]
 
 
-def test_a_leaf_that_moves_itself_is_found_in_the_walk():
-    from gpu_busy.prefetch import _Leaves
-
-    class Moves:
-        def to(self, device, non_blocking=False):
-            return self
-
-    assert _Leaves((torch.ones(1), Moves())).mover is Moves
-
-
 def test_batches_and_copies_are_counted(copier):
     stats = PrefetchStats()
     list(PrefetchIterator(CountingSource(4, delay=0.02), copier, stats=stats))
@@ -258,3 +248,100 @@ def test_fits_that_stop_early_give_their_in_flight_copies_events_back(monkeypatc
         copier.close()  # the callback's teardown
         assert copier._events.in_use == 0
     assert copier._events._created <= 8
+
+
+class _Storage:
+    """Where PyTorch Geometric keeps a graph's fields: a dict in an attribute."""
+
+    def __init__(self, fields: dict) -> None:
+        self._mapping = fields
+
+
+class Graph:
+    """A batch class that behaves like PyTorch Geometric's ``Batch``: its fields in a
+    storage, a ``.to(device, *args, non_blocking=False)`` that copies each field, and a
+    ``pin_memory()`` (what the DataLoader's ``pin_memory=True`` calls)."""
+
+    moved_on_side_stream: list[bool] = []
+
+    def __init__(self, **fields: torch.Tensor) -> None:
+        self._store = _Storage(fields)
+
+    def __getattr__(self, name: str) -> torch.Tensor:
+        return self.__dict__["_store"]._mapping[name]
+
+    def to(self, device, *args, non_blocking: bool = False) -> Graph:
+        from gpu_busy.cuda_runtime import runtime
+
+        Graph.moved_on_side_stream.append(getattr(runtime(), "on_side_stream", False))
+        fields = self._store._mapping.items()
+        return Graph(**{k: v.to(device, non_blocking=non_blocking) for k, v in fields})
+
+    def pin_memory(self) -> Graph:
+        return Graph(**{k: v.pin_memory() for k, v in self._store._mapping.items()})
+
+
+def _graphs(n: int) -> list:
+    return [
+        (Graph(x=torch.randn(5, 3), edge_index=torch.randint(0, 5, (2, 8)),
+               batch=torch.zeros(5, dtype=torch.long)), i, 0)
+        for i in range(n)
+    ]  # fmt: skip
+
+
+def test_a_batch_object_whose_to_takes_non_blocking_is_prefetched_not_left_to_lightning():
+    stats = PrefetchStats()
+    out = list(PrefetchIterator(_graphs(3), StreamCopier("cpu"), stats=stats))
+    assert stats.unmoved_batches == 0 and stats.copies == stats.batches == 3
+    assert all(isinstance(g, Graph) and g.x.shape == (5, 3) for g, _, _ in out)
+
+
+def test_a_batch_object_moves_on_the_side_stream_and_each_field_is_kept_for_the_step():
+    """Along the CUDA route (the counting stand-in): the object's own .to runs inside the
+    side stream, and every tensor it holds after the move gets record_stream."""
+    from bench.cuda_calls import CountingCuda
+    from gpu_busy.cuda_runtime import replaced_by
+
+    Graph.moved_on_side_stream = []
+    with replaced_by(CountingCuda(lambda: ("test", "steady"))) as cuda:
+        copier = StreamCopier("cpu", pin_memory=False)
+        out = list(PrefetchIterator(_graphs(2), copier, stats=PrefetchStats()))
+        copier.close()
+    assert len(out) == 2 and Graph.moved_on_side_stream == [True, True]
+    calls = {kind: n for (_, _, kind), n in cuda.counts.items()}
+    assert calls["record_stream"] == 2 * 3  # x, edge_index, batch of each graph
+    assert calls["is_pinned"] == 2 * 3
+
+
+def test_a_leaf_whose_to_takes_no_non_blocking_is_still_left_to_lightning():
+    from gpu_busy.prefetch import _Leaves
+
+    class Blocks:
+        def to(self, device):
+            return self
+
+    leaves = _Leaves((Blocks(), 0, 0))
+    assert leaves.mover is Blocks and leaves.objects == []
+    graph = _graphs(1)[0]
+    assert _Leaves(graph).mover is None and _Leaves(graph).objects == [graph[0]]
+
+
+def test_pytorch_geometrics_own_batch_is_prefetched_with_each_field_kept():
+    pyg = pytest.importorskip("torch_geometric.data")
+    from bench.cuda_calls import CountingCuda
+    from gpu_busy.cuda_runtime import replaced_by
+
+    graphs = [
+        pyg.Data(x=torch.randn(4, 3), edge_index=torch.tensor([[0, 1, 2], [1, 2, 3]]))
+        for _ in range(2)
+    ]
+    batch = pyg.Batch.from_data_list(graphs)  # x, edge_index, batch, ptr
+    with replaced_by(CountingCuda(lambda: ("test", "steady"))) as cuda:
+        copier = StreamCopier("cpu", pin_memory=False)
+        stats = PrefetchStats()
+        ((moved, _, _),) = list(PrefetchIterator([(batch, 0, 0)], copier, stats=stats))
+        copier.close()
+    assert stats.unmoved_batches == 0 and torch.equal(moved.x, batch.x)
+    calls = {kind: n for (_, _, kind), n in cuda.counts.items()}
+    assert calls["record_stream"] == len([v for v in batch.to_dict().values()
+                                          if isinstance(v, torch.Tensor)])  # fmt: skip

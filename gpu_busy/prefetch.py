@@ -24,7 +24,7 @@ import time
 import warnings
 from abc import ABC
 from collections import deque
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,6 +35,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from gpu_busy.cuda_runtime import runtime
 from gpu_busy.event_pool import EventPool, cuda_event
+from gpu_busy.syncs.memory import held_tensors
 from gpu_busy.window_sums import WindowSums
 
 PAGEABLE_WARNING = (
@@ -169,32 +170,6 @@ def _takes_non_blocking(kind: type) -> bool:
     return any(p.name == "non_blocking" or p.kind is p.VAR_KEYWORD for p in params)
 
 
-def tensors_in(obj: Any, depth: int = 4) -> list[torch.Tensor]:
-    """The tensors an object holds in its attributes, dicts, lists and tuples, ``depth``
-    levels down (PyTorch Geometric's ``Data`` keeps them in a storage's dict, two down)."""
-    found: list[torch.Tensor] = []
-    seen: set[int] = set()
-
-    def walk(x: Any, left: int) -> None:
-        if isinstance(x, torch.Tensor):
-            found.append(x)
-            return
-        if left == 0 or id(x) in seen or isinstance(x, (str, bytes, int, float, type(None))):
-            return
-        seen.add(id(x))
-        if isinstance(x, Mapping):
-            values = x.values()
-        elif isinstance(x, (list, tuple)):
-            values = x
-        else:
-            values = getattr(x, "__dict__", {}).values()
-        for v in values:
-            walk(v, left - 1)
-
-    walk(obj, depth)
-    return found
-
-
 def _plain_tensors(x: Any, out: list[torch.Tensor]) -> bool:
     """Whether ``x`` is built of lists, tuples and dicts over tensors and plain values
     alone (exact types: a namedtuple or a tensor subclass takes pytree's walk); its
@@ -297,7 +272,7 @@ class StreamCopier:
                 [o.to(self.device, non_blocking=True) for o in leaves.objects],
             )
             return InFlightBatch(moved, host_copy_ms=1e3 * (time.perf_counter() - t0))
-        held = [*leaves.tensors, *(t for o in leaves.objects for t in tensors_in(o))]
+        held = [*leaves.tensors, *(t for o in leaves.objects for t in held_tensors(o))]
         if any(t.device.type == "cpu" and not runtime().is_pinned(t) for t in held):
             self._warn_once("pageable", PAGEABLE_WARNING)
             if self.pin_memory:
@@ -404,7 +379,7 @@ class StreamCopier:
         if start is not None:
             with self._lock:
                 self._issued[id(start)] = (start, ready)
-        inner = [t for o in objects for t in tensors_in(o)]  # for record_stream at the hand-over
+        inner = [t for o in objects for t in held_tensors(o)]  # for record_stream at the hand-over
         return InFlightBatch(
             leaves.rebuild(moved, objects),
             ready=ready,

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import lightning.pytorch as pl
 
-from gpu_busy import lightning_compat as compat
+from gpu_busy.callbacks.measurement import Measurement
 from gpu_busy.callbacks.ranks import (
     gather_objects,
     gather_rows,
@@ -34,7 +34,7 @@ from gpu_busy.report import idle as idle_report
 log = get_logger(__name__)
 
 
-class IdleTimeMonitor(compat.Callback):
+class IdleTimeMonitor(Measurement):
     """Per-step GPU idle time with its causes, exact profiler windows, one report.
 
     Args:
@@ -47,6 +47,8 @@ class IdleTimeMonitor(compat.Callback):
         picture: write ``idle.png`` (needs matplotlib).
         log_stats: write ``idle/*`` at Lightning's logging steps.
     """
+
+    label, report_name = "idle time", "idle"
 
     def __init__(
         self,

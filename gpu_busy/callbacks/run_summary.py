@@ -20,7 +20,7 @@ import time
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from gpu_busy import lightning_compat as compat
+from gpu_busy.callbacks.measurement import Measurement
 from gpu_busy.callbacks.ranks import gather_rows, publish, run_dir
 from gpu_busy.callbacks.step_clock import StepClock
 from gpu_busy.log import get_logger
@@ -30,8 +30,10 @@ from gpu_busy.report.held import HeldReports
 log = get_logger(__name__)
 
 
-class RunSummary(compat.Callback):
+class RunSummary(Measurement):
     """Logs where the run lives at the start of fit and what it achieved at the end."""
+
+    label = "the run summary"
 
     def __init__(self) -> None:
         self._first_step = 0

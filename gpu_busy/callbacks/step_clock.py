@@ -30,6 +30,7 @@ from lightning.pytorch.utilities.data import extract_batch_size
 
 from gpu_busy import batch_routing
 from gpu_busy import lightning_compat as compat
+from gpu_busy.callbacks.measurement import Measurement
 from gpu_busy.callbacks.ranks import gather_rows
 from gpu_busy.cuda_sync_warnings import debug_mode
 from gpu_busy.idle import StepTimer, SyncMarks, TimedReads
@@ -100,6 +101,8 @@ class StepClock:
 
     def finish(self) -> list:
         """Training is over: every step read back (waiting costs nothing now)."""
+        if any(edge.failed for edge in self._edges):
+            return []  # the clock stopped measuring, and said so
         done = self.timer.close()
         self.close_marks()
         self._give(done)
@@ -156,8 +159,10 @@ class StepClock:
             raise raised
 
 
-class _StepEnd(compat.Callback):
+class _StepEnd(Measurement):
     """First in the callback list: the step's end, before any callback's own work."""
+
+    label = "the step clock"
 
     def __init__(self, clock: StepClock) -> None:
         self.clock = clock
@@ -179,9 +184,11 @@ class _StepEnd(compat.Callback):
         self.clock.timer.break_gap()
 
 
-class _StepStart(compat.Callback):
+class _StepStart(Measurement):
     """Last in the callback list: the step's start, and the point where every callback's
     ``on_train_batch_end`` has run (what they enqueued is device work, not idle)."""
+
+    label = "the step clock"
 
     def __init__(self, clock: StepClock) -> None:
         self.clock = clock

@@ -19,6 +19,7 @@ from lightning.pytorch.utilities.model_helpers import is_overridden
 
 from gpu_busy import batch_routing
 from gpu_busy import lightning_compat as compat
+from gpu_busy.callbacks.measurement import Measurement
 from gpu_busy.callbacks.ranks import gather_rows, log_metrics, over_ranks, publish, run_dir
 from gpu_busy.callbacks.step_clock import StepClock
 from gpu_busy.log import get_logger
@@ -30,7 +31,7 @@ log = get_logger(__name__)
 _TRANSFER_HOOKS = ("on_before_batch_transfer", "transfer_batch_to_device")
 
 
-class StreamPrefetcher(compat.Callback):
+class StreamPrefetcher(Measurement):
     """Overlap host-to-device copies with compute by copying ``depth`` batches ahead.
 
     Args:
@@ -39,6 +40,10 @@ class StreamPrefetcher(compat.Callback):
             (a warning says once to set ``pin_memory=True`` on the DataLoader instead).
         log_stats: write the ``prefetch/*`` figures at Lightning's logging steps.
     """
+
+    # Only its figures are a measurement: a batch it cannot move must end the fit
+    label, report_name = "prefetch figures", "prefetch"
+    measured = frozenset(["window_row", "log_window", "on_train_end"])
 
     def __init__(self, depth: int = 1, pin_memory: bool = True, log_stats: bool = True) -> None:
         if depth < 1:

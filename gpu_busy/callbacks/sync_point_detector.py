@@ -22,6 +22,7 @@ import lightning.pytorch as pl
 
 from gpu_busy import batch_routing
 from gpu_busy import lightning_compat as compat
+from gpu_busy.callbacks.measurement import Measurement
 from gpu_busy.callbacks.ranks import gather_objects, gather_rows, log_metrics, publish, run_dir
 from gpu_busy.callbacks.step_clock import StepClock
 from gpu_busy.log import get_logger
@@ -40,7 +41,7 @@ _MAX_ROWS = 64  # per-step counts sent per logging window (a fixed size for all_
 _PHASE_HOOKS = ("on_before_backward", "on_after_backward", "on_before_optimizer_step")
 
 
-class SyncPointDetector(compat.Callback):
+class SyncPointDetector(Measurement):
     """Watch a sample of training steps for host-device syncs and report their lines.
 
     Args:
@@ -53,6 +54,11 @@ class SyncPointDetector(compat.Callback):
         device_type: which tensors count as device memory; None follows the root device.
         log_stats: write ``syncs/*`` at Lightning's logging steps.
     """
+
+    label, report_name = "sync detection", "syncs"
+
+    def must_raise(self) -> bool:
+        return self.strict  # under strict a check, not a measurement
 
     def __init__(
         self,
@@ -136,11 +142,18 @@ class SyncPointDetector(compat.Callback):
     def on_train_epoch_start(self, trainer, pl_module) -> None:
         if self.steps is not None:
             self.steps.epoch_starts()
-        if self.detector is not None and self.detector.simulating:
-            # Each batch the DataLoader hands over is host memory, as on a GPU, until moved
-            # (a new loader each epoch with reload_dataloaders_every_n_epochs).
-            see = self.detector.batch_from_host
-            self._layer.route(trainer.fit_loop, lambda items: batch_routing.EachItem(items, see))
+        if self.detector is not None and self.steps is not None:
+            # At each batch the DataLoader hands over (a new loader each epoch with
+            # reload_dataloaders_every_n_epochs): simulated, it is host memory until moved,
+            # as on a GPU; an epoch's first opens its step's window, before Lightning moves it
+            self._layer.route(
+                trainer.fit_loop, lambda items: batch_routing.EachItem(items, self._read)
+            )
+
+    def _read(self, batch) -> None:
+        self.detector.batch_from_host(batch)
+        if self.steps.batch_read():
+            self._phases_seen(self.steps.watching)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         if self.steps is not None:

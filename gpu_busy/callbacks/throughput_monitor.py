@@ -22,7 +22,7 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
-from gpu_busy import lightning_compat as compat
+from gpu_busy.callbacks.measurement import Measurement
 from gpu_busy.callbacks.ranks import gather_rows, log_metrics, over_ranks, publish, run_dir
 from gpu_busy.callbacks.step_clock import StepClock
 from gpu_busy.log import get_logger
@@ -42,7 +42,7 @@ log = get_logger(__name__)
 _COUNTED_HOOKS = ("training_step", "backward")
 
 
-class ThroughputMonitor(compat.Callback):
+class ThroughputMonitor(Measurement):
     """Throughput per rank and in total, MFU and peak memory, measured without a sync.
 
     Args:
@@ -54,6 +54,8 @@ class ThroughputMonitor(compat.Callback):
         tokens: how many tokens a batch holds, as a Python int (a device tensor would have
             to be read back); by default a batch's ``num_tokens`` key or attribute.
     """
+
+    label, report_name = "throughput", "throughput"
 
     def __init__(
         self,

@@ -60,10 +60,11 @@ class HostMemory:
 
     def batch_from_host(self, batch: Any) -> None:
         """In the simulation, a batch the DataLoader handed over is host memory, as it is on
-        a GPU until something moves it: its tensors, in collections and in a batch object's
-        attributes, are marked host. A move to the device returns a device tensor
+        a GPU until something moves it, whenever it was collated (a read-ahead batch comes
+        before the window that moves it opens): its tensors, in collections and in a batch
+        object's attributes, are marked host. A move to the device returns a device tensor
         (``place``); a blocking one is a sync, as a batch class's ``.to`` is on a GPU."""
-        if self.simulating and self.active:
+        if self.simulating:
             self.mark_host(*held_tensors(batch))
 
     def copies_to_host(self, tensor: torch.Tensor, label: str, hint: str) -> None:
@@ -163,21 +164,29 @@ def held_tensors(obj: Any, depth: int = 4, seen: set[int] | None = None) -> list
 
 def held_outside_parameters(module: torch.nn.Module) -> list[torch.Tensor]:
     """The tensors a module and its submodules keep as plain attributes, in lists, dicts and
-    deques too (a replay buffer's first entries, torchvision's cell anchors). ``Module.to``
-    moves only parameters and buffers (torch/nn/modules/module.py, ``Module._apply``), so on
-    a GPU these stay on the host where ``__init__`` made them. A module class with its own
-    ``_apply`` (a torchmetrics ``Metric`` moves its states there) is left out: it may move
-    them."""
+    deques too (a replay buffer's first entries, torchvision's cell anchors), and in the
+    attributes of plain objects of the user's own classes it keeps (a replay buffer in a
+    helper object), three levels down. ``Module.to`` moves only parameters and buffers
+    (torch/nn/modules/module.py, ``Module._apply``), so on a GPU these stay on the host
+    where ``__init__`` made them. A module class with its own ``_apply`` (a torchmetrics
+    ``Metric`` moves its states there) is left out: it may move them; so are objects of
+    the frameworks' classes (the Trainer a LightningModule holds, a dataset, a module)."""
     out: list[torch.Tensor] = []
 
     def walk(value: Any, depth: int) -> None:
-        if isinstance(value, torch.Tensor) and not isinstance(value, torch.nn.Parameter):
-            out.append(value)
-        elif depth and isinstance(value, dict):
+        if isinstance(value, torch.Tensor):
+            if not isinstance(value, torch.nn.Parameter):
+                out.append(value)
+        elif not depth:
+            return
+        elif isinstance(value, dict):
             for v in value.values():
                 walk(v, depth - 1)
-        elif depth and isinstance(value, list | tuple | set | frozenset | collections.deque):
+        elif isinstance(value, list | tuple | set | frozenset | collections.deque):
             for v in value:
+                walk(v, depth - 1)
+        elif _users_object(value):
+            for v in vars(value).values():
                 walk(v, depth - 1)
 
     for m in module.modules():
@@ -187,6 +196,17 @@ def held_outside_parameters(module: torch.nn.Module) -> list[torch.Tensor]:
             if name not in ("_parameters", "_buffers", "_modules"):
                 walk(value, depth=3)
     return out
+
+
+_FRAMEWORKS = ("torch", "lightning", "pytorch_lightning", "torchmetrics", "numpy")
+
+
+def _users_object(value: Any) -> bool:
+    """An instance of a class of the user's own (not a framework's, not a module)."""
+    kind = type(value)
+    if isinstance(value, type | torch.nn.Module) or not hasattr(value, "__dict__"):
+        return False
+    return kind.__module__.split(".")[0] not in (*_FRAMEWORKS, "builtins")
 
 
 def flat(out: Any) -> list[torch.Tensor]:

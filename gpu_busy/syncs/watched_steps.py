@@ -66,8 +66,24 @@ class WatchedSteps:
         self._window_start = None
         self.after_logging = False
 
+    def batch_read(self) -> bool:
+        """The DataLoader handed over a batch. At an epoch's first, its step's window opens
+        here, before Lightning moves the batch (a whole-graph fit moves its one batch an
+        epoch there): its copies are seen, as a later step's are. Not strict, nor a step's
+        time (not clean): Lightning's epoch start is in the window. True if it opened."""
+        if self._window_start is not None:
+            return False
+        self._window_start = self._clock()
+        self._clean = False
+        if self._due:
+            self._open_window()
+            self.detector.phase = "between steps"
+            self._strict_between = False
+            self._arm()
+        return True
+
     def step_starts(self, logging: bool) -> None:
-        if self._window_start is None:  # an epoch's first step: its window opens here
+        if self._window_start is None:  # an epoch's first step, its read not seen: open here
             self._window_start = self._clock()
             self._clean = False
             if self._due:

@@ -534,3 +534,88 @@ def test_tensors_made_in_init_outside_parameters_are_host_memory_in_the_simulati
 
     held = held_outside_parameters(ReplayBuffer(width=4))
     assert len(held) == 5  # the four examples and the plain tensor; no metric state
+
+
+class _Sampler:
+    """A helper object of the user's own holding a replay buffer (the UvA energy-based
+    model's ``self.sampler.examples``)."""
+
+    def __init__(self) -> None:
+        self.examples = [torch.rand(2, 3, 32, 32) for _ in range(3)]
+
+
+class HelperReplay(ReplayBuffer):
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        del self.examples
+        self.sampler = _Sampler()
+        self.data = torch.utils.data.TensorDataset(torch.zeros(4))  # a framework's object
+
+    def training_step(self, batch, batch_idx):
+        replay = torch.cat(self.sampler.examples).to(self.device)  # the blocking copy
+        loss = ImageClassifier.training_step(self, batch, batch_idx)
+        return loss + 0.0 * self(replay).sum()
+
+
+def test_tensors_a_helper_object_holds_are_host_memory_as_the_modules_own_are(tmp_path):
+    from gpu_busy.syncs.memory import held_outside_parameters
+
+    held = held_outside_parameters(HelperReplay(width=4))
+    assert len(held) == 4  # the helper's three examples and the plain tensor, no dataset's
+    detector = SyncPointDetector(first_steps=100)
+    _fit(tmp_path, HelperReplay(width=4), [detector], limit_train_batches=4)
+    (site,) = [s for s in detector.table.sites.values() if "sampler.examples" in s.code]
+    assert site.count == 4 and "copy" in site.op.lower(), site.op
+
+
+def test_a_batch_the_dataloader_made_is_host_memory_whenever_it_was_collated():
+    """Read ahead before a watched window opens, it is host memory all the same."""
+    from gpu_busy.syncs.memory import HostMemory
+
+    memory = HostMemory("cpu")
+    assert not memory.active  # no window open
+    batch = {"x": torch.ones(2), "graph": _Sampler()}
+    memory.batch_from_host(batch)
+    assert not memory.on_device(batch["x"])
+    assert not any(memory.on_device(t) for t in batch["graph"].examples)
+
+
+class _Graph:
+    """One whole graph, moved by its own ``.to`` with no ``non_blocking``: Lightning's
+    transfer copies each field blocking (PyTorch Geometric's node-level training)."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        self.x, self.y = x, y
+
+    def to(self, device):
+        return _Graph(self.x.to(device), self.y.to(device))
+
+
+class WholeGraph(pl.LightningModule):
+    """One batch an epoch, as whole-graph training has: each step is an epoch's first."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(4, 2)
+
+    def training_step(self, batch, batch_idx):
+        return torch.nn.functional.cross_entropy(self.layer(batch.x), batch.y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    def train_dataloader(self):
+        g = torch.Generator().manual_seed(0)
+        graph = _Graph(torch.randn(10, 4, generator=g), torch.randint(0, 2, (10,), generator=g))
+        return torch.utils.data.DataLoader([graph], batch_size=None)
+
+
+def test_an_epochs_first_batch_transfer_is_watched_as_whole_graph_training_needs(tmp_path):
+    detector = SyncPointDetector(first_steps=100)
+    trainer = quiet_trainer(
+        max_epochs=6, callbacks=[detector], logger=False, default_root_dir=tmp_path
+    )
+    trainer.fit(WholeGraph())
+    copies = [s for s in detector.table.sites.values() if s.op.startswith("Tensor.to")]
+    # x and y, blocking, at every step but the fit's first (set-up, not steady)
+    assert sum(s.steady_count for s in copies) == 2 * 5, [(s.op, s.code) for s in copies]

@@ -1,0 +1,115 @@
+"""Measurement: a callback that only measures, so its own failure never ends the user's fit.
+
+A hook of a ``Measurement`` that raises logs one warning naming the measurement, and the
+callback stops measuring: its later hooks return at once (``teardown`` and
+``on_exception`` still run, to undo what it placed), and at the end of the fit its report
+is one "n/a" line. Never caught: a stop the callback means (``TrainingStopped``,
+``SyncError``), anything while ``must_raise()`` (the sync detector under ``strict``), and
+any failure under DDP, where a rank that skipped its collectives would leave the others
+waiting for them (``StopOnRankFailure`` ends every rank instead). Details:
+docs/ARCHITECTURE.md, "A measurement never ends a fit".
+
+Example::
+
+    class StepCounter(Measurement):
+        label = "step counts"
+        def on_train_batch_end(self, trainer, *args):
+            self.steps += 1       # an AttributeError here: one warning, the fit goes on
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+
+from gpu_busy import lightning_compat as compat
+from gpu_busy.faults.training_stopped import TrainingStopped
+from gpu_busy.log import get_logger
+from gpu_busy.syncs.attribution import SyncError
+
+log = get_logger(__name__)
+
+# Lightning's hooks, and what the step clock calls on the members of its window
+_HOOKS = frozenset(
+    [n for n in dir(pl.Callback) if n.startswith("on_")]
+    + ["setup", "teardown", "state_dict", "load_state_dict"]
+    + ["take", "step_started", "step_ended", "window_row", "log_window"]
+)
+_ALWAYS_RUN = frozenset(["teardown", "on_exception"])  # they undo what the callback placed
+_PASSED_ON = (TrainingStopped, SyncError)
+_REPORT_HOOKS = frozenset(["on_train_end", "on_fit_end"])  # where the reports are made
+_WHEN_FAILED: dict[str, Callable[[], Any]] = {"window_row": list}  # an empty row
+
+
+class Measurement(compat.Callback):
+    """A callback whose hooks (all of them, or the names in ``measured``) are guarded."""
+
+    label = "a measurement"  # what the warning and the n/a line call it
+    report_name = ""  # the report it publishes at the end of a fit ("idle"), if any
+    measured: frozenset[str] | None = None  # None: every hook the class defines
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        names = _HOOKS if cls.measured is None else cls.measured
+        for name, fn in list(vars(cls).items()):
+            if name in names and callable(fn) and not getattr(fn, "_guarded", False):
+                setattr(cls, name, _guarded(name, fn))
+
+    @property
+    def failed(self) -> str | None:
+        """Why this callback stopped measuring, or None."""
+        return self.__dict__.get("_failed")
+
+    def must_raise(self) -> bool:
+        """Whether a failure must end the fit after all (a check, not a measurement)."""
+        return False
+
+    def _fail(self, hook: str, err: Exception) -> None:
+        reason = f"{type(err).__name__} in {type(self).__name__}.{hook}: {err}"
+        self.__dict__["_failed"] = reason
+        log.warning(
+            "%s stopped measuring (%s); its figures are n/a, and training goes on",
+            self.label,
+            reason,
+        )
+
+
+def _guarded(name: str, fn: Callable) -> Callable:
+    always = name in _ALWAYS_RUN
+
+    @functools.wraps(fn)
+    def guarded(self: Measurement, *args: Any, **kwargs: Any) -> Any:
+        if self.failed and not always:
+            if name in _REPORT_HOOKS and self.report_name and not self.__dict__.get("_said"):
+                self.__dict__["_said"] = True  # at the first hook where its report was due
+                _say_na(self, args[0])
+            return _WHEN_FAILED.get(name, lambda: None)()
+        try:
+            return fn(self, *args, **kwargs)
+        except _PASSED_ON:
+            raise
+        except Exception as err:
+            if self.must_raise() or _several_ranks():
+                raise
+            if not self.failed:
+                self._fail(name, err)
+            return _WHEN_FAILED.get(name, lambda: None)()
+
+    guarded._guarded = True
+    return guarded
+
+
+def _say_na(callback: Measurement, trainer: pl.Trainer) -> None:
+    from gpu_busy.callbacks.ranks import publish  # ranks imports the report layer
+
+    line = f"{callback.report_name}: n/a ({callback.failed})"
+    publish(trainer, f"{callback.report_name} n/a", {}, [line])
+
+
+def _several_ranks() -> bool:
+    dist = torch.distributed
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1

@@ -1,0 +1,65 @@
+"""A measurement never ends a fit: each measuring callback of the default config, made to
+fail inside, costs one warning and an "n/a", and the fit trains to its last step."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from lightning.pytorch.demos.boring_classes import BoringModel
+from lightning.pytorch.loggers import CSVLogger
+
+from bench.host import default_config_parts
+from gpu_busy.callbacks import SyncPointDetector
+from gpu_busy.idle import IdleStats, StepTimer
+from gpu_busy.prefetch import PrefetchStats
+from gpu_busy.report import run as run_report
+from gpu_busy.syncs.watched_steps import WatchedSteps
+from gpu_busy.throughput import ThroughputStats
+from tests.helpers.trainers import quiet_trainer
+
+
+def _broken(*args, **kwargs):
+    raise ValueError("a bug in the measurement")
+
+
+# (what breaks, the measurement's label, the n/a line its report leaves, if it has one)
+BREAKS = {
+    "idle": (IdleStats, "add_step", "idle time", "idle: n/a"),
+    "throughput": (ThroughputStats, "add_step", "throughput", "throughput: n/a"),
+    "syncs": (WatchedSteps, "step_ends", "sync detection", "syncs: n/a"),
+    "prefetch": (PrefetchStats, "means", "prefetch figures", "prefetch: n/a"),
+    "clock": (StepTimer, "poll", "the step clock", None),
+    "summary": (run_report, "summary", "the run summary", None),
+}
+
+
+@pytest.mark.parametrize("name", list(BREAKS))
+def test_a_failing_measurement_is_one_warning_and_the_fit_trains_on(
+    name, tmp_path, monkeypatch, caplog
+):
+    owner, attr, label, na_line = BREAKS[name]
+    monkeypatch.setattr(owner, attr, _broken)
+    callbacks, plugins = default_config_parts()
+    trainer = quiet_trainer(
+        max_steps=12, log_every_n_steps=4, callbacks=callbacks, plugins=plugins,
+        logger=CSVLogger(tmp_path), enable_checkpointing=True, enable_progress_bar=True,
+        default_root_dir=tmp_path,
+    )  # fmt: skip
+    with caplog.at_level(logging.INFO, logger="gpu_busy"):
+        trainer.fit(BoringModel())
+    assert trainer.global_step == 12  # every step trained
+    warned = [r.getMessage() for r in caplog.records if "stopped measuring" in r.getMessage()]
+    assert len(warned) == 1 and warned[0].startswith(label), warned
+    assert "ValueError" in warned[0] and "training goes on" in warned[0]
+    if na_line:
+        assert any(r.getMessage().startswith(na_line) for r in caplog.records), caplog.text
+
+
+def test_under_strict_the_detector_fails_the_fit_as_a_check_must(tmp_path, monkeypatch):
+    monkeypatch.setattr(WatchedSteps, "step_ends", _broken)
+    trainer = quiet_trainer(max_steps=4, callbacks=[SyncPointDetector(strict=True)])
+    with pytest.raises(ValueError, match="a bug in the measurement"):
+        trainer.fit(BoringModel())
+    assert not isinstance(torch.Tensor.item, type(_broken))  # its patches were undone

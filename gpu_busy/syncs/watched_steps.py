@@ -83,11 +83,7 @@ class WatchedSteps:
         return True
 
     def step_starts(self, logging: bool) -> None:
-        if self._window_start is None:  # an epoch's first step, its read not seen: open here
-            self._window_start = self._clock()
-            self._clean = False
-            if self._due:
-                self._open_window()
+        self.batch_read()  # an epoch's first step whose read was not seen: opens here
         self.detector.phase = "training_step"
         self._in_step = True
         self._strict_step = self.strict and self._steady(logging)

@@ -83,7 +83,7 @@ def _guarded(name: str, fn: Callable) -> Callable:
 
     @functools.wraps(fn)
     def guarded(self: Measurement, *args: Any, **kwargs: Any) -> Any:
-        if self.failed and not always:
+        if "_failed" in self.__dict__ and not always:
             if name in _REPORT_HOOKS and self.report_name and not self.__dict__.get("_said"):
                 self.__dict__["_said"] = True  # at the first hook where its report was due
                 _say_na(self, args[0])

@@ -570,14 +570,15 @@ def test_tensors_a_helper_object_holds_are_host_memory_as_the_modules_own_are(tm
 
 def test_a_batch_the_dataloader_made_is_host_memory_whenever_it_was_collated():
     """Read ahead before a watched window opens, it is host memory all the same."""
-    from gpu_busy.syncs.memory import HostMemory
+    from gpu_busy.syncs.detector import SyncDetector
 
-    memory = HostMemory("cpu")
-    assert not memory.active  # no window open
+    detector = SyncDetector("cpu")
     batch = {"x": torch.ones(2), "graph": _Sampler()}
-    memory.batch_from_host(batch)
-    assert not memory.on_device(batch["x"])
-    assert not any(memory.on_device(t) for t in batch["graph"].examples)
+    detector.batch_from_host(batch)  # read ahead: no window open
+    with detector:  # the window of the step that moves it
+        assert not detector.on_device(batch["x"])
+        assert not any(detector.on_device(t) for t in batch["graph"].examples)
+        assert detector.on_device(torch.ones(2, device=torch.device("cpu")))  # on "the device"
 
 
 class _Graph:

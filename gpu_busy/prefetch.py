@@ -117,7 +117,7 @@ class _Leaves:
             # hands the prefetcher ``(batch, batch_idx, dataloader_idx)``): walked by hand,
             # at a tenth of pytree's flatten and unflatten (11 us a batch, bench.host).
             self.tensors, self.mover, self.objects = tensors, None, []
-            self._rebuild = lambda moved, _=(): _plain_rebuild(batch, iter(moved))
+            self._rebuild = lambda moved, objects=(): _plain_rebuild(batch, iter(moved))  # none
             return
         leaves, spec = tree_flatten(batch)
         if all(isinstance(x, _SIMPLE) for x in leaves):

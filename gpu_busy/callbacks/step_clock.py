@@ -48,8 +48,8 @@ class StepClock:
         self.timer = StepTimer(trainer.strategy.root_device, capacity=8 * window + 64)
         self.marks: SyncMarks | None = None
         self.subscribers: list[Any] = []
-        self._takers: list[Any] = []  # subscribers with take(), step_started(), step_ended()
-        self._at_start: list[Any] = []
+        self._takers: list[Any] = []  # subscribers with take()
+        self._at_start: list[Any] = []  # with step_started(), step_ended()
         self._at_end: list[Any] = []
         self._tokens: Any = None  # a subscriber's tokens(batch), where one counts them
         self.samples = 0  # every step's, timed or not (None: a batch had no size)
@@ -192,6 +192,10 @@ class _StepStart(Measurement):
 
     def __init__(self, clock: StepClock) -> None:
         self.clock = clock
+
+    def must_raise(self) -> bool:
+        # a member's failure that must end the fit (strict's) reaches here from log_window
+        return any(isinstance(m, Measurement) and m.must_raise() for m in self.clock.subscribers)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if compat.is_logging_step(trainer):

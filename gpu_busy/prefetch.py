@@ -272,8 +272,7 @@ class StreamCopier:
                 [o.to(self.device, non_blocking=True) for o in leaves.objects],
             )
             return InFlightBatch(moved, host_copy_ms=1e3 * (time.perf_counter() - t0))
-        held = [*leaves.tensors, *(t for o in leaves.objects for t in held_tensors(o))]
-        if any(t.device.type == "cpu" and not runtime().is_pinned(t) for t in held):
+        if _pageable(leaves):
             self._warn_once("pageable", PAGEABLE_WARNING)
             if self.pin_memory:
                 if self._pin_pool is None:
@@ -403,6 +402,20 @@ class StreamCopier:
                 return
             self._warned.add(kind)
         warnings.warn(message, stacklevel=3)
+
+
+def _pageable(leaves: _Leaves) -> bool:
+    """Whether a batch holds host memory a copy would have to pin first. An object counts as
+    pinned where any host tensor it holds is: its own ``pin_memory()`` may leave bookkeeping
+    pageable (PyTorch Geometric's ``Batch`` leaves its slice dicts, seen on a GPU machine)."""
+    pinned = runtime().is_pinned
+    if any(t.device.type == "cpu" and not pinned(t) for t in leaves.tensors):
+        return True
+    for obj in leaves.objects:
+        host = [t for t in held_tensors(obj) if t.device.type == "cpu"]
+        if host and not any(pinned(t) for t in host):
+            return True
+    return False
 
 
 def _to(t: torch.Tensor, device: torch.device, non_blocking: bool) -> torch.Tensor:

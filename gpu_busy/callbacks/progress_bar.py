@@ -3,9 +3,10 @@
 Lightning converts every ``prog_bar=True`` metric to a number after *every* training step
 (an ``.item()``, a host-device sync, per metric per step). Log training metrics without
 ``prog_bar`` and this bar shows them: the values a logging step logged start one copy to
-the host at the next step, which nothing waits for (``LateRead``), shown at the first
-refresh after it landed. In validation and at epoch ends, where the loop has waited
-anyway, they are read directly.
+the host at the next step, which nothing waits for (``LateRead``), taken at the next
+logging step (nothing is asked of the device in between: docs/ARCHITECTURE.md, "CUDA calls
+per step"), so the bar shows the last window's values. In validation and at epoch ends,
+where the loop has waited anyway, they are read directly.
 
 Example::
 
@@ -62,13 +63,13 @@ class LoggingStepProgressBar(TQDMProgressBar, compat.Callback):
             self._shown = self._read(trainer)
             # the version number and any prog_bar metric, read where the loop has waited
             return {**super().get_metrics(trainer, pl_module), **self._shown}
-        if (values := self._late.take(wait=False)) is not None:
-            self._shown = _finite({**self._sent_now, **dict(zip(self._sent, values, strict=True))})
         # prog_bar metrics as Lightning converted them after the last step: not again
         converted = compat.metrics_at_last_step_end(trainer)[1]
         return {**get_standard_metrics(trainer), **converted, **self._shown}
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if compat.is_logging_step(trainer):
+            self._take()  # what the last logging step sent: once a window, never waited for
         if self._send_now:  # the step before logged: its values are Lightning's now
             self._send(trainer, compat.metrics_at_last_step_end(trainer)[0])
         self._send_now = compat.is_logging_step(trainer)
@@ -120,6 +121,10 @@ class LoggingStepProgressBar(TQDMProgressBar, compat.Callback):
             self._late.put(torch.stack(values))
         else:
             self._shown = _finite(now)
+
+    def _take(self) -> None:
+        if (values := self._late.take(wait=False)) is not None:
+            self._shown = _finite({**self._sent_now, **dict(zip(self._sent, values, strict=True))})
 
     def _read(self, trainer) -> dict[str, float]:
         shown = {}

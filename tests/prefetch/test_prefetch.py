@@ -310,7 +310,7 @@ def test_a_batch_object_moves_on_the_side_stream_and_each_field_is_kept_for_the_
     assert len(out) == 2 and Graph.moved_on_side_stream == [True, True]
     calls = {kind: n for (_, _, kind), n in cuda.counts.items()}
     assert calls["record_stream"] == 2 * 3  # x, edge_index, batch of each graph
-    assert calls["is_pinned"] == 2 * 3
+    assert calls["is_pinned"] == 2  # one a graph: its first pinned tensor tells
 
 
 def test_a_leaf_whose_to_takes_no_non_blocking_is_still_left_to_lightning():
@@ -330,6 +330,7 @@ def test_pytorch_geometrics_own_batch_is_prefetched_with_each_field_kept():
     pyg = pytest.importorskip("torch_geometric.data")
     from bench.cuda_calls import CountingCuda
     from gpu_busy.cuda_runtime import replaced_by
+    from gpu_busy.syncs.memory import held_tensors
 
     graphs = [
         pyg.Data(x=torch.randn(4, 3), edge_index=torch.tensor([[0, 1, 2], [1, 2, 3]]))
@@ -343,5 +344,28 @@ def test_pytorch_geometrics_own_batch_is_prefetched_with_each_field_kept():
         copier.close()
     assert stats.unmoved_batches == 0 and torch.equal(moved.x, batch.x)
     calls = {kind: n for (_, _, kind), n in cuda.counts.items()}
-    assert calls["record_stream"] == len([v for v in batch.to_dict().values()
-                                          if isinstance(v, torch.Tensor)])  # fmt: skip
+    # every field .to moves (x, edge_index, batch, ptr); its slice dicts too where the stand-in
+    # keeps them on "the device" (on a GPU they stay on the host, and are left out)
+    fields = [v for v in moved.to_dict().values() if isinstance(v, torch.Tensor)]
+    assert calls["record_stream"] == len(held_tensors(moved)) >= len(fields) == 4
+
+
+def test_an_object_pinned_by_its_own_pin_memory_is_not_pinned_again():
+    """PyTorch Geometric's pin_memory() pins the fields, not its slice dicts: the object
+    counts as pinned (any tensor pinned), a wholly pageable one does not."""
+    from bench.cuda_calls import CountingCuda
+    from gpu_busy.cuda_runtime import replaced_by
+    from gpu_busy.prefetch import _Leaves, _pageable
+
+    class PinnedWhere(CountingCuda):
+        pinned: set[int] = set()
+
+        def is_pinned(self, tensor):
+            return tensor.data_ptr() in self.pinned
+
+    (graph, _, _) = _graphs(1)[0]
+    graph.bookkeeping = {"slices": torch.arange(3)}  # never pinned by its pin_memory()
+    with replaced_by(PinnedWhere(lambda: ("test", "steady"))) as cuda:
+        assert _pageable(_Leaves((graph, 0, 0)))  # nothing pinned yet
+        cuda.pinned = {graph.x.data_ptr(), graph.edge_index.data_ptr(), graph.batch.data_ptr()}
+        assert not _pageable(_Leaves((graph, 0, 0)))

@@ -84,6 +84,11 @@ class _Step:
     tokens: int | None = None
     lane: int = 0
 
+    @property
+    def marks(self) -> tuple:
+        """Its events, the end first: the last recorded, so the one most often pending."""
+        return (self.end, self.prev_end, self.hooks_done, self.ready, self.start)
+
 
 class StepTimer:
     """Times training steps and the idle gaps between them on ``device``'s compute stream.
@@ -228,7 +233,7 @@ class StepTimer:
         """
         if block:
             for step in self._pending:
-                for e in (step.end, step.prev_end, step.hooks_done, step.ready, step.start):
+                for e in step.marks:
                     if e is not None:
                         e.synchronize()
         done = []
@@ -253,9 +258,7 @@ class StepTimer:
         pending, k = self._pending, 0
         # steps of an earlier stream: no order with the current one, each asked in full
         while k < len(pending) and pending[k].lane != self._lane:
-            step = pending[k]
-            marks = (step.end, step.prev_end, step.hooks_done, step.ready, step.start)
-            if not all(e is None or e.query() for e in marks):
+            if not all(e is None or e.query() for e in pending[k].marks):
                 return k
             k += 1
         for i in range(len(pending) - 1, k - 1, -1):
@@ -297,7 +300,7 @@ class StepTimer:
             self._pool.release(event)
 
     def _discard(self, step: _Step) -> None:
-        for e in (step.prev_end, step.hooks_done, step.ready, step.start, step.end):
+        for e in step.marks:
             self._drop(e)
 
     def _resolve(self, step: _Step) -> StepTiming:

@@ -17,9 +17,7 @@ Example::
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -51,23 +49,11 @@ class MemoryStats(WindowSums):
 
 class MemoryPeaks:
     """The peaks of each window on ``device``; on anything but CUDA it measures nothing.
+    The allocator is asked through ``cuda_runtime.runtime()`` (tests put a scripted one)."""
 
-    Args:
-        read: the allocator's peak allocated and reserved bytes, or None before any
-            allocation (by default ``runtime().memory_peaks``); tests script it.
-        reset: sets the peaks back to the current values (``reset_memory_peaks``).
-    """
-
-    def __init__(
-        self,
-        device: torch.device | str,
-        read: Callable[[Any], tuple[int, int] | None] | None = None,
-        reset: Callable[[Any], None] | None = None,
-    ) -> None:
+    def __init__(self, device: torch.device | str) -> None:
         self.device = torch.device(device)
         self.on = runtime().takes_route(self.device)
-        self._read = read or (lambda device: runtime().memory_peaks(device))
-        self._reset = reset or (lambda device: runtime().reset_memory_peaks(device))
         self.window = MemoryStats()  # since the last logging step
         self.total = MemoryStats()  # the fit
         self._open = False
@@ -75,7 +61,7 @@ class MemoryPeaks:
     def start(self) -> None:
         """Training steps follow: the peaks count from here."""
         if self.on and not self._open:
-            self._reset(self.device)
+            runtime().reset_memory_peaks(self.device)
             self._open = True
 
     def pause(self) -> None:
@@ -83,7 +69,7 @@ class MemoryPeaks:
         if not self._open:
             return
         self._open = False
-        peaks = self._read(self.device)
+        peaks = runtime().memory_peaks(self.device)
         if peaks is None:  # CUDA not initialised: nothing was allocated
             return
         w = self.window

@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from bench.throughput import hand_count
 from gpu_busy.callbacks import RunSummary, SyncPointDetector, ThroughputMonitor
+from gpu_busy.cuda_runtime import CudaRuntime, replaced_by
 from gpu_busy.idle import StepTimer
 from gpu_busy.report.compare import gates
 from gpu_busy.report.files import RunFiles, write_report
@@ -194,42 +195,48 @@ def test_steps_without_a_size_or_tokens_make_those_rates_na():
 # -- the allocator's peaks, scripted ---------------------------------------------------------
 
 
-class ScriptedAllocator:
+class ScriptedAllocator(CudaRuntime):
+    """The allocator's peaks as the test scripts them, behind the machinery's CUDA door."""
+
     def __init__(self) -> None:
         self.resets, self.peaks = 0, []
 
-    def reset(self, device) -> None:
+    def reset_memory_peaks(self, device) -> None:
         self.resets += 1
 
-    def read(self, device) -> tuple[int, int]:
+    def memory_peaks(self, device) -> tuple[int, int]:
         return self.peaks.pop(0)
 
 
 def test_memory_peaks_are_read_once_per_window_and_leave_validation_out():
-    alloc = ScriptedAllocator()
-    memory = MemoryPeaks(torch.device("cuda", 0), read=alloc.read, reset=alloc.reset)
-    alloc.peaks = [(2 * 2**30, 3 * 2**30), (4 * 2**30, 5 * 2**30), (1 * 2**30, 6 * 2**30)]
-    memory.start()
-    # steps: no call of the allocator until the window ends
-    assert alloc.resets == 1 and len(alloc.peaks) == 3
-    memory.pause()  # validation: the training peak so far joins the window
-    memory.pause()  # asked twice, read once
-    memory.start()
-    assert memory.take_window().gib() == {"peak_allocated_gib": 4.0, "peak_reserved_gib": 5.0}
-    assert alloc.resets == 3  # the fit's start, after validation, the next window
-    assert memory.take_window().gib() == {"peak_allocated_gib": 1.0, "peak_reserved_gib": 6.0}
+    with replaced_by(ScriptedAllocator()) as alloc:
+        memory = MemoryPeaks(torch.device("cuda", 0))
+        alloc.peaks = [(2 * 2**30, 3 * 2**30), (4 * 2**30, 5 * 2**30), (1 * 2**30, 6 * 2**30)]
+        memory.start()
+        # steps: no call of the allocator until the window ends
+        assert alloc.resets == 1 and len(alloc.peaks) == 3
+        memory.pause()  # validation: the training peak so far joins the window
+        memory.pause()  # asked twice, read once
+        memory.start()
+        assert memory.take_window().gib() == {"peak_allocated_gib": 4.0, "peak_reserved_gib": 5.0}
+        assert alloc.resets == 3  # the fit's start, after validation, the next window
+        assert memory.take_window().gib() == {"peak_allocated_gib": 1.0, "peak_reserved_gib": 6.0}
     assert memory.total.gib() == {"peak_allocated_gib": 4.0, "peak_reserved_gib": 6.0}
     assert memory.total.windows == 2 and memory.window.windows == 0
 
 
 def test_memory_on_a_cpu_measures_nothing():
-    def fail(*_):
-        raise AssertionError("the allocator was asked on a CPU")
+    class Fails(CudaRuntime):
+        def memory_peaks(self, device):
+            raise AssertionError("the allocator was asked on a CPU")
 
-    memory = MemoryPeaks("cpu", read=fail, reset=fail)
-    memory.start()
-    memory.pause()
-    assert memory.take_window().gib()["peak_allocated_gib"] is None
+        reset_memory_peaks = memory_peaks
+
+    with replaced_by(Fails()):
+        memory = MemoryPeaks("cpu")
+        memory.start()
+        memory.pause()
+        assert memory.take_window().gib()["peak_allocated_gib"] is None
 
 
 def _report(allocated_gib: float, reserved_gib: float, mfu_peak: float | None = 100.0):

@@ -151,9 +151,9 @@ class SyncPointDetector(Measurement):
             )
 
     def _read(self, batch) -> None:
-        self.detector.batch_from_host(batch)
-        if self.steps.batch_read():
+        if self.steps.batch_read():  # first: the window the batch is marked in
             self._phases_seen(self.steps.watching)
+        self.detector.batch_from_host(batch)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         if self.steps is not None:

@@ -105,7 +105,6 @@ class SyncDetector(HostMemory):
                 stack.enter_context(self._cuda_debug_warnings())
             if self.simulating:
                 stack.enter_context(optimizer_step_hooks(self))
-                self.mark_batches_read()
             stack.enter_context(FunctionLayer(self))
             stack.enter_context(DispatchLayer(self))
         except BaseException:

@@ -31,9 +31,6 @@ class HostMemory:
         # On a machine without the device, its tensors are CPU tensors: the simulation.
         self.simulating = self.device_type == "cpu"
         self._host = WeakIdKeyDictionary()  # simulation: tensors that live on the host
-        # simulation: the last batches handed over while no window was open, marked host
-        # when one opens (a read-ahead batch is moved in a later step's window)
-        self._read_unwatched: collections.deque = collections.deque(maxlen=4)
         self._mirrors: dict[int, tuple[str, str]] = {}  # see copies_to_host
 
     @property
@@ -62,22 +59,16 @@ class HostMemory:
             self._put(list(tensors), on_host=True)
 
     def batch_from_host(self, batch: Any) -> None:
-        """In the simulation, a batch the DataLoader handed over is host memory, as it is on
-        a GPU until something moves it, whenever it was collated (a read-ahead batch comes
-        before the window that moves it opens): its tensors, in collections and in a batch
-        object's attributes, are marked host. A move to the device returns a device tensor
-        (``place``); a blocking one is a sync, as a batch class's ``.to`` is on a GPU."""
-        if not self.simulating:
-            return
-        if self.active:
+        """In the simulation, a batch the DataLoader hands over inside a window is host
+        memory, as it is on a GPU until something moves it: its tensors, in collections and
+        in a batch object's attributes, are marked host. A move to the device returns a
+        device tensor (``place``); a blocking one is a sync, as a batch class's ``.to`` is on
+        a GPU. A batch read with no window open is not marked: the prefetcher moves it at
+        once, and its simulated move to the same device keeps the very tensors, which a
+        later mark would call host memory (docs/ARCHITECTURE.md, "Finding host-device
+        syncs")."""
+        if self.simulating and self.active:
             self.mark_host(*held_tensors(batch))
-        else:  # marked when a window opens: no walk in the steps nobody watches
-            self._read_unwatched.append(batch)
-
-    def mark_batches_read(self) -> None:
-        """A window opens: the batches read before it are host memory, as they came."""
-        while self._read_unwatched:
-            self.mark_host(*held_tensors(self._read_unwatched.popleft()))
 
     def copies_to_host(self, tensor: torch.Tensor, label: str, hint: str) -> None:
         """``tensor`` is device memory that a library copies into a host tensor of its own

@@ -11,6 +11,7 @@ import lightning.pytorch as pl
 import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.demos.boring_classes import BoringModel
 
 from gpu_busy.callbacks import LoggingStepProgressBar, SyncPointDetector
 from gpu_busy.syncs import SyncError, assert_no_syncs
@@ -568,19 +569,6 @@ def test_tensors_a_helper_object_holds_are_host_memory_as_the_modules_own_are(tm
     assert site.count == 4 and "copy" in site.op.lower(), site.op
 
 
-def test_a_batch_the_dataloader_made_is_host_memory_whenever_it_was_collated():
-    """Read ahead before a watched window opens, it is host memory all the same."""
-    from gpu_busy.syncs.detector import SyncDetector
-
-    detector = SyncDetector("cpu")
-    batch = {"x": torch.ones(2), "graph": _Sampler()}
-    detector.batch_from_host(batch)  # read ahead: no window open
-    with detector:  # the window of the step that moves it
-        assert not detector.on_device(batch["x"])
-        assert not any(detector.on_device(t) for t in batch["graph"].examples)
-        assert detector.on_device(torch.ones(2, device=torch.device("cpu")))  # on "the device"
-
-
 class _Graph:
     """One whole graph, moved by its own ``.to`` with no ``non_blocking``: Lightning's
     transfer copies each field blocking (PyTorch Geometric's node-level training)."""
@@ -620,3 +608,41 @@ def test_an_epochs_first_batch_transfer_is_watched_as_whole_graph_training_needs
     copies = [s for s in detector.table.sites.values() if s.op.startswith("Tensor.to")]
     # x and y, blocking, at every step but the fit's first (set-up, not steady)
     assert sum(s.steady_count for s in copies) == 2 * 5, [(s.op, s.code) for s in copies]
+
+
+class _Box:
+    """A batch class whose .to takes non_blocking: the prefetcher moves it."""
+
+    def __init__(self, x: torch.Tensor) -> None:
+        self.x = x
+
+    def to(self, device, non_blocking: bool = False) -> _Box:
+        return _Box(self.x.to(device, non_blocking=non_blocking))
+
+
+class BoxedBoring(BoringModel):
+    def training_step(self, batch, batch_idx):
+        return super().training_step(batch.x, batch_idx)
+
+    def train_dataloader(self):
+        return torch.utils.data.DataLoader(
+            torch.randn(64, 32), batch_size=4, collate_fn=lambda rows: _Box(torch.stack(rows))
+        )
+
+
+def test_a_prefetched_batch_object_moved_again_by_lightning_is_no_sync(tmp_path):
+    """On a GPU, Lightning's .to(device) of an object the prefetcher already moved is a no-op;
+    the simulation must not count it (it did while every read was marked host memory)."""
+    from bench.host import default_config_parts
+
+    callbacks, plugins = default_config_parts()
+    trainer = quiet_trainer(
+        max_steps=24, log_every_n_steps=8, callbacks=callbacks, plugins=plugins,
+        logger=pl.loggers.CSVLogger(tmp_path), enable_checkpointing=True,
+        enable_progress_bar=True, default_root_dir=tmp_path,
+    )  # fmt: skip
+    trainer.fit(BoxedBoring())
+    detector = next(c for c in callbacks if isinstance(c, SyncPointDetector))
+    prefetcher = next(c for c in callbacks if type(c).__name__ == "StreamPrefetcher")
+    assert prefetcher.report["unmoved_batches"] == 0 and detector.report["watched_batches"]
+    assert detector.report["steady_syncs_per_batch"] == 0, list(detector.table.sites.values())

@@ -180,8 +180,7 @@ def per_step(counts: Counter, steps: dict[str, int], saves: int) -> dict:
     out: dict[str, Any] = {}
     for (row, bucket, kind), n in sorted(counts.items()):
         per = n / divisors[bucket] if divisors.get(bucket) else None
-        out.setdefault(bucket, {"rows": {}}).setdefault("rows", {})
-        out[bucket]["rows"].setdefault(row, {})[kind] = per
+        out.setdefault(bucket, {"rows": {}})["rows"].setdefault(row, {})[kind] = per
     for bucket in out.values():
         rows = bucket["rows"].values()
         bucket["calls"] = sum(v or 0.0 for r in rows for v in r.values())

@@ -17,6 +17,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import threading
@@ -35,7 +36,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from gpu_busy.cuda_runtime import runtime
 from gpu_busy.event_pool import EventPool, cuda_event
-from gpu_busy.syncs.memory import held_tensors
+from gpu_busy.syncs.memory import NewTensors, held_tensors, plain_tensors
 from gpu_busy.window_sums import WindowSums
 
 PAGEABLE_WARNING = (
@@ -112,7 +113,7 @@ class _Leaves:
 
     def __init__(self, batch: Any) -> None:
         tensors: list[torch.Tensor] = []
-        if _plain_tensors(batch, tensors):
+        if plain_tensors(batch, tensors):
             # The usual batch, lists, tuples and dicts of tensors and numbers (Lightning
             # hands the prefetcher ``(batch, batch_idx, dataloader_idx)``): walked by hand,
             # at a tenth of pytree's flatten and unflatten (11 us a batch, bench.host).
@@ -170,21 +171,6 @@ def _takes_non_blocking(kind: type) -> bool:
     return any(p.name == "non_blocking" or p.kind is p.VAR_KEYWORD for p in params)
 
 
-def _plain_tensors(x: Any, out: list[torch.Tensor]) -> bool:
-    """Whether ``x`` is built of lists, tuples and dicts over tensors and plain values
-    alone (exact types: a namedtuple or a tensor subclass takes pytree's walk); its
-    tensors go into ``out`` in order."""
-    kind = type(x)
-    if kind is torch.Tensor:
-        out.append(x)
-        return True
-    if kind is tuple or kind is list:
-        return all(_plain_tensors(v, out) for v in x)
-    if kind is dict:
-        return all(_plain_tensors(v, out) for v in x.values())
-    return kind in _PLAIN_LEAVES
-
-
 def _plain_rebuild(x: Any, moved: Iterator[torch.Tensor]) -> Any:
     kind = type(x)
     if kind is torch.Tensor:
@@ -208,7 +194,6 @@ class _Movable(ABC):  # noqa: B024 - a structural check, nothing to implement
 
 
 _SIMPLE = (torch.Tensor, int, float, bool, str, bytes, type(None))
-_PLAIN_LEAVES = frozenset((int, float, bool, str, bytes, type(None)))  # _SIMPLE's non-tensors
 
 
 class StreamCopier:
@@ -230,6 +215,7 @@ class StreamCopier:
         if device.type == "cuda" and device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
         self.device = device
+        self._host = device.type == "cpu"  # moves give views there (NewTensors)
         self.is_cuda = runtime().takes_route(device)
         self.pin_memory = pin_memory
         self._stream: torch.cuda.Stream | None = None
@@ -267,9 +253,9 @@ class StreamCopier:
         if not self.is_cuda:
             t0 = time.perf_counter()
             moved = leaves.rebuild(
-                [_to(t, self.device, False) for t in leaves.tensors],
+                [self._moved(t, non_blocking=False) for t in leaves.tensors],
                 # as on CUDA: the sync detector's simulation sees the copies a GPU would make
-                [o.to(self.device, non_blocking=True) for o in leaves.objects],
+                [self._moved_object(o) for o in leaves.objects],
             )
             return InFlightBatch(moved, host_copy_ms=1e3 * (time.perf_counter() - t0))
         if _pageable(leaves):
@@ -371,9 +357,9 @@ class StreamCopier:
         with runtime().on_stream(self.stream):
             if start is not None:
                 start.record(self.stream)
-            moved = [_to(t, self.device, True) for t in tensors]
+            moved = [self._moved(t, non_blocking=True) for t in tensors]
             # objects that move themselves: their .to, told non_blocking, copies each field
-            objects = [o.to(self.device, non_blocking=True) for o in (objects or leaves.objects)]
+            objects = [self._moved_object(o) for o in (objects or leaves.objects)]
             ready.record(self.stream)
         if start is not None:
             with self._lock:
@@ -386,6 +372,16 @@ class StreamCopier:
             pageable=pageable,
             tensors=[*moved, *inner],
         )
+
+    def _moved(self, t: torch.Tensor, non_blocking: bool) -> torch.Tensor:
+        if t.device != self.device:
+            return t.to(self.device, non_blocking=non_blocking)
+        return t.view_as(t) if self._host else t  # on the host, a new tensor: NewTensors
+
+    def _moved_object(self, obj: Any) -> Any:
+        """An object's own ``.to``, told ``non_blocking``: it copies each field."""
+        with NewTensors() if self._host else contextlib.nullcontext():
+            return obj.to(self.device, non_blocking=True)
 
     def _pin_and_copy(self, leaves: _Leaves) -> InFlightBatch:
         with runtime().on_device(self.device):
@@ -416,10 +412,6 @@ def _pageable(leaves: _Leaves) -> bool:
         if host and not any(pinned(t) for t in host):
             return True
     return False
-
-
-def _to(t: torch.Tensor, device: torch.device, non_blocking: bool) -> torch.Tensor:
-    return t if t.device == device else t.to(device, non_blocking=non_blocking)
 
 
 class PrefetchIterator(Iterator):

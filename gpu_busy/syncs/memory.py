@@ -14,6 +14,7 @@ import sys
 from typing import Any
 
 import torch
+from torch.overrides import TorchFunctionMode
 from torch.utils.weak import WeakIdKeyDictionary
 
 from gpu_busy.syncs.attribution import TORCH_DIR
@@ -32,10 +33,6 @@ class HostMemory:
         self.simulating = self.device_type == "cpu"
         self._host = WeakIdKeyDictionary()  # simulation: tensors that live on the host
         self._mirrors: dict[int, tuple[str, str]] = {}  # see copies_to_host
-
-    @property
-    def active(self) -> bool:
-        return False  # a detector is, while entered: batches handed over are marked then
 
     def on_device(self, value: Any) -> bool:
         """Whether ``value`` is device memory, the one question every rule asks.
@@ -59,15 +56,14 @@ class HostMemory:
             self._put(list(tensors), on_host=True)
 
     def batch_from_host(self, batch: Any) -> None:
-        """In the simulation, a batch the DataLoader hands over inside a window is host
-        memory, as it is on a GPU until something moves it: its tensors, in collections and
-        in a batch object's attributes, are marked host. A move to the device returns a
-        device tensor (``place``); a blocking one is a sync, as a batch class's ``.to`` is on
-        a GPU. A batch read with no window open is not marked: the prefetcher moves it at
-        once, and its simulated move to the same device keeps the very tensors, which a
-        later mark would call host memory (docs/ARCHITECTURE.md, "Finding host-device
-        syncs")."""
-        if self.simulating and self.active:
+        """In the simulation, a batch the DataLoader hands over is host memory, as it is on
+        a GPU until something moves it, whenever it was collated (Lightning's fetcher reads
+        one ahead, outside the step that moves it): its tensors, in collections and in a
+        batch object's attributes, are marked host. A move to the device returns a new,
+        device tensor (``place`` here, and the prefetcher's own move); a blocking one is a
+        sync, as a batch class's ``.to`` is on a GPU (docs/ARCHITECTURE.md, "Finding
+        host-device syncs")."""
+        if self.simulating:
             self.mark_host(*held_tensors(batch))
 
     def copies_to_host(self, tensor: torch.Tensor, label: str, hint: str) -> None:
@@ -135,6 +131,29 @@ class HostMemory:
                 self._host.pop(t, None)
 
 
+class NewTensors(TorchFunctionMode):
+    """A ``Tensor.to`` onto the device a tensor is already on returns a new tensor (a view
+    of the same memory), as a copy to a GPU does; the prefetcher moves batch objects onto
+    the host device under it. The simulation keeps the DataLoader's tensors as host memory
+    by identity, and a move that handed back the very tensors would carry that mark to the
+    step (docs/ARCHITECTURE.md, "Finding host-device syncs").
+
+    Example::
+
+        with NewTensors():
+            moved = graph.to("cpu", non_blocking=True)  # no tensor of graph's in moved
+    """
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func is _TENSOR_TO and args and out is args[0]:
+            return out.view_as(out)
+        return out
+
+
+_TENSOR_TO = torch.Tensor.to
+
+
 def tensors_of(args: tuple, kwargs: dict) -> list[torch.Tensor]:
     """The tensor arguments of a call, one level into lists and tuples."""
     out = []
@@ -152,7 +171,11 @@ def held_tensors(obj: Any, depth: int = 4, seen: set[int] | None = None) -> list
     a batch class, whose tensors are what its own ``.to`` copies.)"""
     if isinstance(obj, torch.Tensor):
         return [obj]
-    seen = set() if seen is None else seen
+    if seen is None:
+        plain: list[torch.Tensor] = []
+        if plain_tensors(obj, plain):  # the usual batch: a third of the walk below
+            return plain
+        seen = set()
     if depth == 0 or id(obj) in seen or isinstance(obj, str | bytes | int | float | bool):
         return []
     seen.add(id(obj))
@@ -163,6 +186,24 @@ def held_tensors(obj: Any, depth: int = 4, seen: set[int] | None = None) -> list
     else:
         items = list(getattr(obj, "__dict__", {}).values())
     return [t for item in items for t in held_tensors(item, depth - 1, seen)]
+
+
+def plain_tensors(x: Any, out: list[torch.Tensor]) -> bool:
+    """Whether ``x`` is built of lists, tuples and dicts over tensors and plain values
+    alone (exact types: a namedtuple or a tensor subclass is not plain); its
+    tensors go into ``out`` in order."""
+    kind = type(x)
+    if kind is torch.Tensor:
+        out.append(x)
+        return True
+    if kind is tuple or kind is list:
+        return all(plain_tensors(v, out) for v in x)
+    if kind is dict:
+        return all(plain_tensors(v, out) for v in x.values())
+    return kind in _PLAIN_LEAVES
+
+
+_PLAIN_LEAVES = frozenset((int, float, bool, str, bytes, type(None)))
 
 
 def held_outside_parameters(module: torch.nn.Module) -> list[torch.Tensor]:

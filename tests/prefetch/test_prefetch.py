@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import namedtuple
 from dataclasses import dataclass
@@ -238,7 +239,7 @@ def test_fits_that_stop_early_give_their_in_flight_copies_events_back(monkeypatc
     monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
     monkeypatch.setattr(torch.cuda, "stream", lambda stream: contextlib.nullcontext())
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: FakeStream())
-    monkeypatch.setattr(prefetch, "_to", lambda t, device, non_blocking: t)
+    monkeypatch.setattr(prefetch.StreamCopier, "_moved", lambda self, t, non_blocking: t)
     copier = StreamCopier("cuda:0", pin_memory=False, timing_events=8)
     copier._stream = FakeStream()
     for _fit in range(3):
@@ -311,6 +312,25 @@ def test_a_batch_object_moves_on_the_side_stream_and_each_field_is_kept_for_the_
     calls = {kind: n for (_, _, kind), n in cuda.counts.items()}
     assert calls["record_stream"] == 2 * 3  # x, edge_index, batch of each graph
     assert calls["is_pinned"] == 2  # one a graph: its first pinned tensor tells
+
+
+@pytest.mark.parametrize("route", ["host", "cuda route"])
+def test_a_move_onto_the_host_device_hands_over_new_tensors_of_the_same_memory(route):
+    """As a copy to a GPU does: the step never gets the DataLoader's tensor objects, which
+    the sync detector's CPU simulation keeps as host memory (by identity)."""
+    from bench.cuda_calls import CountingCuda
+    from gpu_busy.cuda_runtime import replaced_by
+
+    (graph, _, _), plain = _graphs(1)[0], torch.randn(4, 2)
+    fields = {id(t) for t in graph._store._mapping.values()}
+    standin = CountingCuda(lambda: ("test", "steady")) if route == "cuda route" else None
+    with replaced_by(standin) if standin else contextlib.nullcontext():
+        copier = StreamCopier("cpu", pin_memory=False)
+        ((moved_graph, moved_plain),) = PrefetchIterator([(graph, plain)], copier)
+        copier.close()
+    assert moved_plain is not plain and moved_plain.data_ptr() == plain.data_ptr()
+    assert not fields & {id(t) for t in moved_graph._store._mapping.values()}
+    assert torch.equal(moved_graph.x, graph.x)
 
 
 def test_a_leaf_whose_to_takes_no_non_blocking_is_still_left_to_lightning():

@@ -16,6 +16,7 @@ from lightning.pytorch.demos.boring_classes import BoringModel
 from gpu_busy.callbacks import LoggingStepProgressBar, SyncPointDetector
 from gpu_busy.syncs import SyncError, assert_no_syncs
 from gpu_busy.syncs.rules import LIGHTNING_READS
+from gpu_busy.syncs.sampling import WatchSchedule
 from template.data import ImageDataModule
 from template.models import ImageClassifier, classifier
 from tests.conftest import DEBUG, DEFAULT, ROOT, cli_main
@@ -646,3 +647,54 @@ def test_a_prefetched_batch_object_moved_again_by_lightning_is_no_sync(tmp_path)
     prefetcher = next(c for c in callbacks if type(c).__name__ == "StreamPrefetcher")
     assert prefetcher.report["unmoved_batches"] == 0 and detector.report["watched_batches"]
     assert detector.report["steady_syncs_per_batch"] == 0, list(detector.table.sites.values())
+
+
+class _EveryOtherStep(WatchSchedule):
+    """Watches odd steps only: each watched step's batch was read ahead by Lightning's
+    fetcher in the unwatched step before it."""
+
+    def should_watch(self, step: int) -> bool:
+        return step % 2 == 1
+
+
+class _Graphs(torch.utils.data.IterableDataset):
+    """Eight graphs, from a loader without a length: Lightning's fetcher reads one ahead."""
+
+    def __iter__(self):
+        g = torch.Generator().manual_seed(0)
+        for _ in range(8):
+            yield _Graph(torch.randn(10, 4, generator=g), torch.randint(0, 2, (10,), generator=g))
+
+
+class GraphBatches(WholeGraph):
+    """Batches of a class whose .to takes no non_blocking: Lightning copies each field
+    blocking (2 a step), whenever the DataLoader collated the batch."""
+
+    def __init__(self, sized: bool) -> None:
+        super().__init__()
+        self.sized = sized
+
+    def train_dataloader(self):
+        graphs = list(_Graphs()) if self.sized else _Graphs()
+        return torch.utils.data.DataLoader(graphs, batch_size=None)
+
+
+@pytest.mark.parametrize(
+    "read_ahead_by", ["prefetcher", "lightning"], ids=["prefetcher-leaves-it", "unsized-loader"]
+)
+def test_a_batch_read_ahead_outside_a_watched_step_is_host_memory_until_moved(
+    tmp_path, read_ahead_by
+):
+    from gpu_busy.callbacks import StreamPrefetcher
+
+    detector = SyncPointDetector()
+    detector.schedule = _EveryOtherStep()
+    prefetching = read_ahead_by == "prefetcher"
+    trainer = quiet_trainer(
+        max_epochs=1, log_every_n_steps=100, logger=False, default_root_dir=tmp_path,
+        callbacks=[detector, *([StreamPrefetcher()] if prefetching else [])],
+    )  # fmt: skip
+    trainer.fit(GraphBatches(sized=prefetching))
+    copies = [s for s in detector.table.sites.values() if s.op.startswith("Tensor.to")]
+    # steps 1, 3, 5, 7 watched; each moves x and y, read in the step before
+    assert sum(s.count for s in copies) == 2 * 4, [(s.op, s.code, s.count) for s in copies]

@@ -110,6 +110,39 @@ def unroute(loader: Any, layer: str = "prefetch") -> None:
             loader.__dict__.pop(name, None)
 
 
+def batches_left_to_read(loop: Any, training: bool) -> int | None:
+    """Batches the loop's fetcher will still read in this pass (None: no end known): its
+    length, and for training the batch at which ``max_steps`` is reached, plus the
+    fetcher's own look-ahead for loaders without a length."""
+    length, fetched, lookahead = compat.fetcher_counts(loop)
+    ends = [] if length is None else [length]
+    trainer = loop.trainer
+    if training and (left := batches_until_max_steps(trainer)) is not None:
+        done = trainer.fit_loop.epoch_loop.batch_progress.current.ready
+        ends.append(done + left + lookahead)
+    return max(0, min(ends) - fetched) if ends else None
+
+
+def batches_until_max_steps(trainer: Any) -> int | None:
+    """Batches the training loop will still take this epoch before ``max_steps`` (None: no cap).
+
+    Automatic optimisation steps after every ``accumulate_grad_batches``-th batch of the
+    epoch and after its last batch; manual optimisation steps when the user says, so it
+    cannot be known ahead.
+    """
+    max_steps = trainer.max_steps
+    if max_steps is None or max_steps < 0 or not trainer.lightning_module.automatic_optimization:
+        return None
+    steps_left = max(0, max_steps - trainer.global_step)
+    accumulate = trainer.accumulate_grad_batches
+    done = trainer.fit_loop.epoch_loop.batch_progress.current.ready
+    last = (done // accumulate + steps_left) * accumulate
+    n = trainer.num_training_batches
+    if n != float("inf") and not trainer.strategy.handles_gradient_accumulation:
+        last = min(last, int(n))
+    return max(0, last - done)
+
+
 class Layer:
     """One owner's layer on every loop it routes; ``remove()`` takes it off them all.
 

@@ -15,10 +15,13 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import lightning.pytorch as pl
+from lightning.fabric.utilities.apply_func import convert_tensors_to_scalars as _scalars
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.profilers import PassThroughProfiler
 from lightning.pytorch.trainer.states import RunningStage
+from torch import Tensor
 
+from gpu_busy.host_reads import numbers_in_one_copy
 from gpu_busy.patches import patch
 from gpu_busy.syncs.attribution import user_frame
 
@@ -144,17 +147,56 @@ def is_logging_step(trainer: pl.Trainer) -> bool:
     return cached[1]
 
 
-def metrics_at_last_step_end(trainer: pl.Trainer) -> tuple[dict, dict]:
-    """``(callback metrics, prog_bar metrics)`` as Lightning stored them at the end of the
-    last training step: the logged tensors, and the ``prog_bar=True`` values it converted
-    to numbers there. ``trainer.callback_metrics`` and ``trainer.progress_bar_metrics``
-    would compute both again, converting each ``prog_bar`` value once more (an ``.item()``
-    each, a sync on a GPU)."""
-    # Private: Trainer._logger_connector._callback_metrics and ._progress_bar_metrics
-    # (Lightning 2.0 to 2.6), the dicts _LoggerConnector.on_batch_end updates after the
-    # callbacks' on_train_batch_end.
-    connector = trainer._logger_connector
-    return dict(connector._callback_metrics), dict(connector._progress_bar_metrics)
+def metrics_at_last_step_end(trainer: pl.Trainer) -> dict:
+    """The callback metrics as Lightning stored them at the last training step's end: the
+    logged tensors, not computed again (``trainer.callback_metrics`` would)."""
+    # Private: Trainer._logger_connector._callback_metrics (Lightning 2.0 to 2.6), the dict
+    # _LoggerConnector.on_batch_end updates after the callbacks' on_train_batch_end.
+    return dict(trainer._logger_connector._callback_metrics)
+
+
+def prog_bar_numbers_when_read(trainer: pl.Trainer) -> Callable[[], None]:
+    """Until the returned undo is called, Lightning converts ``prog_bar=True`` values when
+    ``trainer.progress_bar_metrics`` is read, all in one copy, not with an ``.item()`` per
+    value after every batch (a sync each on a GPU: Lightning's issue #21232), and hands its
+    loggers a logging step's values in one copy. The numbers are the same. The undo
+    converts what is left unread."""
+    from lightning.pytorch.trainer.connectors.logger_connector import logger_connector, result
+
+    connector_class = type(trainer._logger_connector)
+    read = connector_class.progress_bar_metrics.fget
+
+    def progress_bar_metrics(connector: Any) -> dict:  # LoggedAt.origin knows it by name
+        return _to_numbers_in_place(read(connector))
+
+    undos = [
+        # Private: result.py's and logger_connector.py's module-level
+        # convert_tensors_to_scalars (Lightning 2.0 to 2.6), called only by
+        # _ResultCollection.metrics for each prog_bar value, and by
+        # _LoggerConnector.log_metrics for the values it hands the loggers.
+        patch(result, "convert_tensors_to_scalars", _kept_for_the_reader),
+        patch(logger_connector, "convert_tensors_to_scalars", numbers_in_one_copy),
+        patch(connector_class, "progress_bar_metrics", property(progress_bar_metrics)),
+    ]
+
+    def undo() -> None:
+        for step in reversed(undos):
+            step()
+        # Private: _LoggerConnector._progress_bar_metrics (2.0 to 2.6), the dict it returns
+        _to_numbers_in_place(trainer._logger_connector._progress_bar_metrics)
+
+    return undo
+
+
+def _kept_for_the_reader(value: Any) -> Any:
+    """A ``prog_bar`` value as logged; Lightning's own error for more than one element."""
+    return value if isinstance(value, Tensor) and value.numel() == 1 else _scalars(value)
+
+
+def _to_numbers_in_place(metrics: dict) -> dict:
+    if any(isinstance(v, Tensor) for v in metrics.values()):
+        metrics.update(numbers_in_one_copy(metrics))
+    return metrics
 
 
 def logger_step(trainer: pl.Trainer) -> int:
@@ -206,39 +248,6 @@ def fetched_ahead(loop: Any) -> list:
     fetcher = getattr(loop, "_data_fetcher", None)
     batches = getattr(fetcher, "batches", None)
     return batches if isinstance(batches, list) else []
-
-
-def batches_left_to_read(loop: Any, training: bool) -> int | None:
-    """Batches the loop's fetcher will still read in this pass (None: no end known): its
-    length, and for training the batch at which ``max_steps`` is reached, plus the
-    fetcher's own look-ahead for loaders without a length."""
-    length, fetched, lookahead = fetcher_counts(loop)
-    ends = [] if length is None else [length]
-    trainer = loop.trainer
-    if training and (left := batches_until_max_steps(trainer)) is not None:
-        done = trainer.fit_loop.epoch_loop.batch_progress.current.ready
-        ends.append(done + left + lookahead)
-    return max(0, min(ends) - fetched) if ends else None
-
-
-def batches_until_max_steps(trainer: pl.Trainer) -> int | None:
-    """Batches the training loop will still take this epoch before ``max_steps`` (None: no cap).
-
-    Automatic optimisation steps after every ``accumulate_grad_batches``-th batch of the
-    epoch and after its last batch; manual optimisation steps when the user says, so it
-    cannot be known ahead.
-    """
-    max_steps = trainer.max_steps
-    if max_steps is None or max_steps < 0 or not trainer.lightning_module.automatic_optimization:
-        return None
-    steps_left = max(0, max_steps - trainer.global_step)
-    accumulate = trainer.accumulate_grad_batches
-    done = trainer.fit_loop.epoch_loop.batch_progress.current.ready
-    last = (done // accumulate + steps_left) * accumulate
-    n = trainer.num_training_batches
-    if n != float("inf") and not trainer.strategy.handles_gradient_accumulation:
-        last = min(last, int(n))
-    return max(0, last - done)
 
 
 def combined_loader(loop: Any) -> Any | None:
@@ -439,8 +448,19 @@ class LoggedAt:
     def origin(self, frame: Any) -> tuple[str, int, str, Any] | None:
         """The user line that logged the metric being converted in ``frame``, and the frame
         that asked for it (the reader: the loop, a progress bar, a callback), the first
-        outside the Trainer and its connectors."""
+        outside the Trainer and its connectors. Where ``prog_bar_numbers_when_read``
+        converts them all at a read, the reader is the line: no one ``self.log`` is."""
         code = frame.f_code
+        if code is numbers_in_one_copy.__code__ and frame.f_back.f_code.co_name == "log_metrics":
+            # Private: _LoggerConnector.log_metrics (2.0 to 2.6) hands the loggers their values
+            asked = frame.f_back
+            return asked.f_code.co_filename, asked.f_lineno, "log_metrics", asked
+        if code.co_filename == __file__ and code.co_name == "progress_bar_metrics":
+            reader = _reader(frame)
+            if reader is None:
+                return None
+            asked = reader.f_code
+            return asked.co_filename, reader.f_lineno, asked.co_name, reader
         if code.co_name != "metrics" or not code.co_filename.endswith(_RESULT_COLLECTION):
             return None
         # Private: the loop variable ``result_metric`` of ResultCollection.metrics and its
@@ -449,7 +469,14 @@ class LoggedAt:
         line = self.lines.get((meta.fx, meta.name))
         if line is None:
             return None
-        reader = frame.f_back
-        while reader is not None and reader.f_code.co_filename.startswith(_TRAINER_DIR):
-            reader = reader.f_back
-        return (*line, reader)
+        return (*line, _reader(frame))
+
+
+def _reader(frame: Any) -> Any:
+    """The first frame outside the Trainer, its connectors and this module, past ``frame``."""
+    reader = frame.f_back
+    while reader is not None and (
+        reader.f_code.co_filename.startswith(_TRAINER_DIR) or reader.f_code.co_filename == __file__
+    ):
+        reader = reader.f_back
+    return reader

@@ -21,9 +21,9 @@ import lightning.pytorch as pl
 import torch
 
 from gpu_busy import lightning_compat as compat
-from gpu_busy.event_pool import LateRead
 from gpu_busy.faults.nonfinite import FirstNonFinite
 from gpu_busy.faults.training_stopped import TrainingStopped
+from gpu_busy.host_reads import LateRead
 from gpu_busy.syncs import allow_syncs
 
 

@@ -1,23 +1,26 @@
 """A TQDM progress bar that reads metrics back from the device only at logging steps.
 
 Lightning converts every ``prog_bar=True`` metric to a number after *every* training step
-(an ``.item()``, a host-device sync, per metric per step). Log training metrics without
-``prog_bar`` and this bar shows them: the values a logging step logged start one copy to
-the host at the next step, which nothing waits for (``LateRead``), taken at the next
-logging step (nothing is asked of the device in between: docs/ARCHITECTURE.md, "CUDA calls
-per step"), so the bar shows the last window's values. In validation and at epoch ends,
-where the loop has waited anyway, they are read directly.
+(an ``.item()``, a host-device sync, per metric per step). While this bar runs, Lightning
+converts them only when ``trainer.progress_bar_metrics`` is read, all in one copy
+(``lightning_compat.prog_bar_numbers_when_read``), and this bar reads none of them in
+training: the values a logging step logged start one copy to the host at the next step,
+which nothing waits for (``LateRead``), taken at the next logging step (nothing is asked
+of the device in between: docs/ARCHITECTURE.md, "CUDA calls per step"), so the bar shows
+the last window's values. In validation and at epoch ends, where the loop has waited
+anyway, they are read directly.
 
 Example::
 
     trainer = Trainer(callbacks=[LoggingStepProgressBar()], log_every_n_steps=20)
-    # training_step: self.log("train/loss", loss)     (no prog_bar=True)
+    # training_step: self.log("train/loss", loss, prog_bar=True)     (no sync per step)
 """
 
 from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 
 import torch
 from lightning.pytorch.callbacks import TQDMProgressBar
@@ -25,7 +28,7 @@ from lightning.pytorch.callbacks.progress.progress_bar import get_standard_metri
 from torch import Tensor
 
 from gpu_busy import lightning_compat as compat
-from gpu_busy.event_pool import LateRead
+from gpu_busy.host_reads import LateRead
 from gpu_busy.syncs import allow_syncs
 
 
@@ -57,21 +60,38 @@ class LoggingStepProgressBar(TQDMProgressBar, compat.Callback):
         self._sent: list[str] = []  # their names
         self._sent_now: dict[str, float] = {}  # what it logged as numbers or host tensors
         self._send_now = False  # the last step was a logging step
+        self._undo: Callable[[], None] | None = None
+
+    def setup(self, trainer, pl_module, stage) -> None:
+        super().setup(trainer, pl_module, stage)
+        if self._undo is None:  # Lightning converts prog_bar values when they are read
+            self._undo = compat.prog_bar_numbers_when_read(trainer)
+
+    def teardown(self, trainer, pl_module, stage) -> None:
+        self._put_back()
+        super().teardown(trainer, pl_module, stage)
+
+    def on_exception(self, trainer, pl_module, exception) -> None:
+        self._put_back()
+
+    def _put_back(self) -> None:
+        if self._undo is not None:
+            self._undo, undo = None, self._undo
+            undo()
 
     def get_metrics(self, trainer, pl_module) -> dict:
         if not trainer.training or trainer.sanity_checking:
             self._shown = self._read(trainer)
             # the version number and any prog_bar metric, read where the loop has waited
             return {**super().get_metrics(trainer, pl_module), **self._shown}
-        # prog_bar metrics as Lightning converted them after the last step: not again
-        converted = compat.metrics_at_last_step_end(trainer)[1]
-        return {**get_standard_metrics(trainer), **converted, **self._shown}
+        # logged values as the last logging step sent them: nothing read from the device here
+        return {**get_standard_metrics(trainer), **self._shown}
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if compat.is_logging_step(trainer):
             self._take()  # what the last logging step sent: once a window, never waited for
         if self._send_now:  # the step before logged: its values are Lightning's now
-            self._send(trainer, compat.metrics_at_last_step_end(trainer)[0])
+            self._send(trainer, compat.metrics_at_last_step_end(trainer))
         self._send_now = compat.is_logging_step(trainer)
         n, bar = batch_idx + 1, self.train_progress_bar
         last = bar is not None and n == bar.total

@@ -129,7 +129,7 @@ class StreamPrefetcher(Measurement):
             return
 
         def make_iterator(items):
-            limit = compat.batches_left_to_read(loop, training)  # no more than Lightning's
+            limit = batch_routing.batches_left_to_read(loop, training)  # no more than Lightning's
             return PrefetchIterator(items, self._copier, depth=self.depth, limit=limit, stats=stats)
 
         if self._layer.route(loop, make_iterator) is not None:  # newly routed

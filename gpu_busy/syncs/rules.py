@@ -566,8 +566,9 @@ LIGHTNING_READS: tuple[tuple[str, str], ...] = (
     ),
     (
         "progress_bar_metrics",
-        "the progress bar reads prog_bar metrics when it refreshes: use "
-        "gpu_busy.callbacks.LoggingStepProgressBar",
+        "reading trainer.progress_bar_metrics converts the prog_bar values to numbers (one "
+        "copy under gpu_busy.callbacks.LoggingStepProgressBar, an .item() each without it): "
+        "read it at logging steps only; for a bar, use LoggingStepProgressBar",
     ),
     (
         "update_train_step_metrics",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import lightning.pytorch as pl
 import pytest
+from lightning.fabric.utilities.apply_func import convert_tensors_to_scalars
 
 from gpu_busy import lightning_compat as compat
 from gpu_busy.lightning_compat import is_logging_step
@@ -131,8 +132,7 @@ def test_batches_left_to_read_stop_where_max_steps_does(tmp_path, accumulate):
     exactly that many batches (fetcher counts, batch_progress.current.ready)."""
     from lightning.pytorch.demos.boring_classes import BoringModel
 
-    from gpu_busy.batch_routing import route_batches, unroute
-    from gpu_busy.lightning_compat import batches_left_to_read
+    from gpu_busy.batch_routing import batches_left_to_read, route_batches, unroute
 
     asked, taken = [], []
 
@@ -477,7 +477,7 @@ def test_lightning_skips_a_callback_hook_that_is_none(tmp_path):
     assert callable(ends_only.on_train_batch_end)
 
 
-def test_metrics_at_the_last_step_end_are_lightnings_stored_dicts(tmp_path):
+def test_metrics_at_the_last_step_end_are_lightnings_stored_dict(tmp_path):
     import torch
     from lightning.pytorch.demos.boring_classes import BoringModel
 
@@ -493,13 +493,64 @@ def test_metrics_at_the_last_step_end_are_lightnings_stored_dicts(tmp_path):
     class Probe(pl.Callback):
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
             if batch_idx == 2:
-                seen["callback"], seen["pbar"] = compat.metrics_at_last_step_end(trainer)
+                seen.update(compat.metrics_at_last_step_end(trainer))
 
     trainer = quiet_trainer(max_steps=3, callbacks=[Probe()], default_root_dir=tmp_path)
     trainer.fit(Logs())
-    # the logged tensors as they are; prog_bar values as the numbers Lightning converted
-    assert isinstance(seen["callback"]["a"], torch.Tensor)
-    assert isinstance(seen["pbar"]["b"], float)
+    assert isinstance(seen["a"], torch.Tensor) and isinstance(seen["b"], torch.Tensor)
+
+
+def test_lightning_converts_prog_bar_values_and_logged_values_where_the_patch_expects():
+    """Pins prog_bar_numbers_when_read: result.py converts each prog_bar value through its
+    module's convert_tensors_to_scalars in _ResultCollection.metrics, logger_connector.py
+    converts what it hands the loggers through its own in log_metrics, and
+    _LoggerConnector.progress_bar_metrics is a property over _progress_bar_metrics."""
+    import inspect
+
+    from lightning.pytorch.trainer.connectors.logger_connector import logger_connector, result
+
+    metrics = inspect.getsource(result._ResultCollection.metrics)
+    assert 'metrics["pbar"][forked_name] = convert_tensors_to_scalars(value)' in metrics
+    assert inspect.getsource(result).count("convert_tensors_to_scalars(") == 1
+    log_metrics = inspect.getsource(logger_connector._LoggerConnector.log_metrics)
+    assert "scalar_metrics = convert_tensors_to_scalars(metrics)" in log_metrics
+    assert inspect.getsource(logger_connector).count("convert_tensors_to_scalars(") == 1
+    read = logger_connector._LoggerConnector.__dict__["progress_bar_metrics"]
+    assert isinstance(read, property)
+    assert "self._progress_bar_metrics" in inspect.getsource(read.fget)
+
+
+def test_prog_bar_values_are_converted_when_read_and_put_back(tmp_path):
+    import torch
+    from lightning.pytorch.demos.boring_classes import BoringModel
+    from lightning.pytorch.trainer.connectors.logger_connector import result
+
+    seen = {}
+
+    class Logs(BoringModel):
+        def training_step(self, batch, batch_idx):
+            out = super().training_step(batch, batch_idx)
+            self.log("b", out["loss"], prog_bar=True)
+            self.log("i", torch.tensor(batch_idx), prog_bar=True)
+            return out
+
+    class Probe(pl.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            if batch_idx == 2:
+                stored = trainer._logger_connector._progress_bar_metrics
+                seen["stored"] = {k: type(v) for k, v in stored.items()}
+                seen["read"] = dict(trainer.progress_bar_metrics)
+
+    trainer = quiet_trainer(max_steps=3, callbacks=[Probe()], default_root_dir=tmp_path)
+    undo = compat.prog_bar_numbers_when_read(trainer)
+    try:
+        trainer.fit(Logs())
+    finally:
+        undo()
+    assert seen["stored"] == {"b": torch.Tensor, "i": torch.Tensor}  # kept, not converted
+    assert isinstance(seen["read"]["b"], float) and seen["read"]["i"] == 1  # read: numbers
+    assert result.convert_tensors_to_scalars is convert_tensors_to_scalars  # put back
+    assert not any(isinstance(v, torch.Tensor) for v in trainer.progress_bar_metrics.values())
 
 
 def test_model_checkpoint_looks_for_its_monitor_in_save_topk_checkpoint():

@@ -348,7 +348,7 @@ def test_layers_mechanisms_import_no_lightning_nor_the_report_layer_and_nothing_
 
 MECHANISMS = (
     "idle", "syncs", "throughput", "faults", "resume", "prefetch", "batch_routing",
-    "window_sums", "event_pool", "cuda_sync_warnings",
+    "window_sums", "event_pool", "host_reads", "cuda_sync_warnings",
 )  # fmt: skip
 
 

@@ -1,0 +1,278 @@
+"""``self.log(..., prog_bar=True)`` under the template's bar: no read of a logged value in a
+steady step, one copy at a logging step, and every logger, checkpoint and stopping rule
+sees what Lightning alone would show it (``lightning_compat.prog_bar_numbers_when_read``)."""
+
+from __future__ import annotations
+
+import collections
+import sys
+
+import lightning.pytorch as pl
+import pytest
+import torch
+import torchmetrics
+from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+from lightning.pytorch.demos.boring_classes import BoringModel
+
+from gpu_busy import lightning_compat as compat
+from gpu_busy.callbacks import LoggingStepProgressBar, SyncPointDetector
+from tests.helpers.trainers import quiet_trainer
+
+
+class LogsEverything(BoringModel):
+    """The ways people log: prog_bar values on the step, on the step and the epoch, an int,
+    a torchmetrics object logged directly, a value for the epoch alone, validation."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.mean = torchmetrics.MeanMetric()
+
+    def training_step(self, batch, batch_idx):
+        out = super().training_step(batch, batch_idx)
+        loss = out["loss"]
+        self.log("pb/loss", loss, prog_bar=True)
+        self.log("pb/both", loss * 2, prog_bar=True, on_step=True, on_epoch=True)
+        self.log("pb/index", torch.tensor(batch_idx, device=self.device), prog_bar=True)
+        self.log("plain/epoch", loss * 3, on_step=False, on_epoch=True)
+        self.mean.update(loss.detach())
+        self.log("pb/mean", self.mean, prog_bar=True)
+        return out
+
+    def validation_step(self, batch, batch_idx):
+        loss = self.step(batch)
+        self.log("val/loss", loss, prog_bar=True)
+
+
+class RecordLoggers(pl.Callback):
+    """What every logger is handed, and what checkpointing and stopping read, in order."""
+
+    def __init__(self) -> None:
+        self.handed: list[tuple[int, dict]] = []
+        self.seen: list[tuple[str, int, dict]] = []
+
+    def setup(self, trainer, pl_module, stage):
+        for logger in trainer.loggers:
+            original = logger.log_metrics
+
+            def log_metrics(metrics, step=None, original=original):
+                self.handed.append((step, dict(metrics)))
+                return original(metrics, step)
+
+            logger.log_metrics = log_metrics
+
+    def on_validation_end(self, trainer, pl_module):
+        self._see("validation end", trainer)
+
+    def on_train_epoch_end(self, trainer, pl_module):
+        self._see("epoch end", trainer)
+
+    def _see(self, when: str, trainer) -> None:
+        seen = {k: float(v) for k, v in trainer.callback_metrics.items()}
+        self.seen.append((when, trainer.global_step, seen))
+
+
+def _fit(tmp_path, name: str, ours: bool, logger_class=pl.loggers.CSVLogger):
+    pl.seed_everything(0)
+    model = LogsEverything()
+    record = RecordLoggers()
+    checkpoint = ModelCheckpoint(dirpath=tmp_path / name / "ckpt", monitor="val/loss", save_top_k=2)
+    stop = EarlyStopping(monitor="pb/both_epoch", patience=1, min_delta=1e9)  # stops early
+    bar = [LoggingStepProgressBar()] if ours else []
+    trainer = quiet_trainer(
+        max_epochs=4, limit_train_batches=8, limit_val_batches=2, log_every_n_steps=3,
+        logger=logger_class(tmp_path / name, name="", version=""), enable_checkpointing=True,
+        enable_progress_bar=True, callbacks=[*bar, checkpoint, stop, record],
+    )  # fmt: skip
+    trainer.fit(model)
+    return trainer, record, checkpoint, stop
+
+
+def _scores(checkpoint: ModelCheckpoint) -> list[float]:
+    return sorted(float(v) for v in checkpoint.best_k_models.values())
+
+
+def test_every_logger_checkpoint_and_stop_sees_what_lightning_alone_shows(tmp_path):
+    ours = _fit(tmp_path, "ours", ours=True)
+    plain = _fit(tmp_path, "plain", ours=False)
+    (t1, r1, c1, s1), (t2, r2, c2, s2) = ours, plain
+    assert r1.handed == r2.handed and len(r1.handed) > 6  # the same values, steps and types
+    assert [type(v) for _, m in r1.handed for v in m.values()] == [
+        type(v) for _, m in r2.handed for v in m.values()
+    ]
+    assert r1.seen == r2.seen
+    csv = [(tmp_path / n / "metrics.csv").read_text() for n in ("ours", "plain")]
+    assert csv[0] == csv[1] and "pb/index" in csv[0]
+    assert {k: float(v) for k, v in t1.callback_metrics.items()} == {
+        k: float(v) for k, v in t2.callback_metrics.items()
+    }
+    # read after the fit: numbers, as Lightning gives them
+    assert t1.progress_bar_metrics == t2.progress_bar_metrics
+    assert all(not isinstance(v, torch.Tensor) for v in t1.progress_bar_metrics.values())
+    assert float(c1.best_model_score) == float(c2.best_model_score) and _scores(c1) == _scores(c2)
+    assert (s1.stopped_epoch, s1.wait_count, float(s1.best_score)) == (
+        s2.stopped_epoch, s2.wait_count, float(s2.best_score),
+    )  # fmt: skip
+    assert s1.stopped_epoch > 0  # the stopping rule acted, at the same epoch
+
+
+def test_tensorboard_is_handed_the_same_scalars(tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    def scalars(name: str) -> dict:
+        events = EventAccumulator(str(tmp_path / name))
+        events.Reload()
+        return {
+            tag: [(e.step, e.value) for e in events.Scalars(tag)]
+            for tag in events.Tags()["scalars"]
+        }
+
+    _fit(tmp_path, "ours", ours=True, logger_class=pl.loggers.TensorBoardLogger)
+    _fit(tmp_path, "plain", ours=False, logger_class=pl.loggers.TensorBoardLogger)
+    ours, plain = scalars("ours"), scalars("plain")
+    assert ours == plain and "pb/loss" in ours
+
+
+def test_lightnings_behaviour_is_put_back_when_the_fit_ends(tmp_path):
+    from lightning.pytorch.trainer.connectors.logger_connector import logger_connector, result
+
+    before = (
+        result.convert_tensors_to_scalars,
+        logger_connector.convert_tensors_to_scalars,
+        logger_connector._LoggerConnector.__dict__["progress_bar_metrics"],
+    )
+    trainer, *_ = _fit(tmp_path, "ours", ours=True)
+    after = (
+        result.convert_tensors_to_scalars,
+        logger_connector.convert_tensors_to_scalars,
+        logger_connector._LoggerConnector.__dict__["progress_bar_metrics"],
+    )
+    assert after == before
+    assert all(not isinstance(v, torch.Tensor) for v in trainer.progress_bar_metrics.values())
+
+
+class ThreeOnTheBar(BoringModel):
+    """Three prog_bar values and one without, every step: the module the issue measured."""
+
+    def training_step(self, batch, batch_idx):
+        out = super().training_step(batch, batch_idx)
+        loss = out["loss"]
+        self.log("a", loss, prog_bar=True)
+        self.log("b", loss * 2, prog_bar=True)
+        self.log("c", loss * 3, prog_bar=True)
+        self.log("d", loss * 4)
+        return out
+
+
+class _CountReads(pl.Callback):
+    """Reads of device values (``.item()``, ``.tolist()``, a blocking copy to the host) in
+    each training step's window, by the function that made them. On the CPU every tensor
+    counts as device memory except the host copies a copy made, whose reads are free."""
+
+    def __init__(self) -> None:
+        self.by_step: dict[int, collections.Counter] = collections.defaultdict(collections.Counter)
+        self.logging: set[int] = set()
+        self._host: set[int] = set()  # storages of host copies
+        self._step = 0
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if compat.is_logging_step(trainer):
+            self.logging.add(self._step)
+        self._step += 1  # the loop's work after a step is the next step's
+
+    def install(self, monkeypatch) -> None:
+        for name in ("item", "tolist"):
+            monkeypatch.setattr(torch.Tensor, name, self._read(getattr(torch.Tensor, name)))
+        monkeypatch.setattr(torch.Tensor, "cpu", self._copy(torch.Tensor.cpu, blocking=True))
+        monkeypatch.setattr(torch.Tensor, "to", self._copy(torch.Tensor.to, blocking=None))
+
+    def _count(self) -> None:
+        caller = sys._getframe(2).f_code.co_name
+        self.by_step[self._step][caller] += 1
+
+    def _read(self, original):
+        def read(tensor, *args, **kwargs):
+            if tensor.untyped_storage().data_ptr() not in self._host:
+                self._count()
+            return original(tensor, *args, **kwargs)
+
+        return read
+
+    def _copy(self, original, blocking):
+        def copy(tensor, *args, **kwargs):
+            out = original(tensor, *args, **kwargs)
+            to_host = blocking or (str(args[0] if args else kwargs.get("device")) == "cpu")
+            if to_host and isinstance(out, torch.Tensor):
+                if blocking or not kwargs.get("non_blocking", False):
+                    self._count()
+                self._host.add(out.untyped_storage().data_ptr())
+            return out
+
+        return copy
+
+
+def test_prog_bar_values_are_read_never_in_a_steady_step_and_once_at_a_logging_step(
+    tmp_path, monkeypatch
+):
+    from bench.host import default_config_parts
+
+    callbacks, plugins = default_config_parts()
+    count = _CountReads()
+    trainer = quiet_trainer(
+        max_steps=32, log_every_n_steps=10, callbacks=[*callbacks, count], plugins=plugins,
+        logger=pl.loggers.CSVLogger(tmp_path), enable_checkpointing=True,
+        enable_progress_bar=True, default_root_dir=tmp_path,
+    )  # fmt: skip
+    count.install(monkeypatch)
+    trainer.fit(ThreeOnTheBar())
+    monkeypatch.undo()
+    logged_value_readers = {"to_item", "numbers_in_one_copy"}  # Lightning's and ours
+    assert count.logging == {9, 19, 29}  # and the epoch's end after step 31, not checked
+    # Lightning hands the loggers a logging step's values after its callbacks' batch end:
+    # counted with the step after it
+    handed = {s + 1 for s in count.logging}
+    for step in set(range(1, 31)) - handed:
+        assert not logged_value_readers & set(count.by_step[step]), (step, count.by_step[step])
+    for step in handed:
+        reads = {k: n for k, n in count.by_step[step].items() if k in logged_value_readers}
+        assert reads == {"numbers_in_one_copy": 1}, (step, count.by_step[step])
+
+
+def test_strict_passes_a_module_with_three_prog_bar_values_under_the_template(tmp_path):
+    from bench.host import default_config_parts
+
+    callbacks, plugins = default_config_parts()
+    callbacks = [c for c in callbacks if not isinstance(c, SyncPointDetector)]
+    detector = SyncPointDetector(first_steps=100, strict=True)
+    trainer = quiet_trainer(
+        max_steps=25, log_every_n_steps=10, callbacks=[*callbacks, detector], plugins=plugins,
+        logger=pl.loggers.CSVLogger(tmp_path), enable_checkpointing=True,
+        enable_progress_bar=True, default_root_dir=tmp_path,
+    )  # fmt: skip
+    trainer.fit(ThreeOnTheBar())  # strict: a sync in a steady step would raise
+    assert detector.report["steady_syncs_per_batch"] == 0
+    sites = list(detector.table.sites.values())
+    assert not [s for s in sites if "prog_bar=True" in s.code], sites
+    # at each logging step, one copy of everything logged, named as Lightning's logging
+    logged = [s for s in sites if s.function == "log_metrics"]
+    assert [s.count for s in logged] == [2], sites  # steps 10 and 20 (the first is set-up)
+
+
+class ReadsTheBarEveryBatch(pl.Callback):
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.shown = trainer.progress_bar_metrics  # the reader the report must name
+
+
+def test_a_callback_that_reads_progress_bar_metrics_every_batch_is_named_as_the_reader(
+    tmp_path,
+):
+    detector = SyncPointDetector(first_steps=100)
+    trainer = quiet_trainer(
+        max_steps=8, log_every_n_steps=50, enable_progress_bar=True, default_root_dir=tmp_path,
+        callbacks=[LoggingStepProgressBar(), ReadsTheBarEveryBatch(), detector],
+    )  # fmt: skip
+    trainer.fit(ThreeOnTheBar())
+    (site,) = [s for s in detector.table.sites.values() if s.steady_count]
+    assert site.filename == __file__ and "trainer.progress_bar_metrics" in site.code, site
+    assert site.hint.startswith("reading trainer.progress_bar_metrics"), site.hint
+    assert site.count == trainer.global_step  # one copy a step for three values

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import collections
 import sys
+import weakref
 
 import lightning.pytorch as pl
 import pytest
@@ -172,7 +173,7 @@ class _CountReads(pl.Callback):
     def __init__(self) -> None:
         self.by_step: dict[int, collections.Counter] = collections.defaultdict(collections.Counter)
         self.logging: set[int] = set()
-        self._host: set[int] = set()  # storages of host copies
+        self._host: dict[int, weakref.ref] = {}  # live host copies, by their memory
         self._step = 0
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
@@ -192,7 +193,8 @@ class _CountReads(pl.Callback):
 
     def _read(self, original):
         def read(tensor, *args, **kwargs):
-            if tensor.untyped_storage().data_ptr() not in self._host:
+            copy = self._host.get(tensor.untyped_storage().data_ptr(), lambda: None)()
+            if copy is None:  # not a live host copy's memory (a view of one is)
                 self._count()
             return original(tensor, *args, **kwargs)
 
@@ -205,7 +207,7 @@ class _CountReads(pl.Callback):
             if to_host and isinstance(out, torch.Tensor):
                 if blocking or not kwargs.get("non_blocking", False):
                     self._count()
-                self._host.add(out.untyped_storage().data_ptr())
+                self._host[out.untyped_storage().data_ptr()] = weakref.ref(out)
             return out
 
         return copy

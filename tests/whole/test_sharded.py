@@ -293,10 +293,13 @@ def test_code_we_did_not_write_shards_or_is_told_why_in_one_line(tmp_path):
     assert output.count("fit done in") == 1 and "over 2 process(es)" in output
     held = [json.loads((tmp_path / "shards" / f"params_rank{r}.json").read_text()) for r in (0, 1)]
     assert all(h["all_dtensors"] and h["mesh_sizes"] == [2] for h in held), held
-    # the module's own per-step read (Lightning's prog_bar conversion) is named at its line
+    # the module's own per-step read (torchmetrics' bincount in its accuracy) is named at
+    # its line; its prog_bar=True values cost nothing under the template's bar
     syncs = json.loads((tmp_path / "runs" / "fsdp" / "version_0" / "syncs.json").read_text())
-    assert any(s["filename"].endswith("foreign_modules.py") and s["op"] == "Tensor.item()"
-               and s["steady_count"] for s in syncs["sites"]), syncs["sites"]  # fmt: skip
+    steady = [s for s in syncs["sites"] if s["steady_count"]]
+    assert any(s["filename"].endswith("foreign_modules.py") and s["op"].startswith("bincount")
+               for s in steady), steady  # fmt: skip
+    assert not [s for s in steady if s["op"] == "Tensor.item()"], steady
 
     boring = run_entry_point(
         [*SHARDED_DDP, "--model=lightning.pytorch.demos.boring_classes.BoringModel",

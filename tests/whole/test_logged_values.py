@@ -4,10 +4,6 @@ sees what Lightning alone would show it (``lightning_compat.prog_bar_numbers_whe
 
 from __future__ import annotations
 
-import collections
-import sys
-import weakref
-
 import lightning.pytorch as pl
 import pytest
 import torch
@@ -15,7 +11,7 @@ import torchmetrics
 from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 from lightning.pytorch.demos.boring_classes import BoringModel
 
-from gpu_busy import lightning_compat as compat
+from bench.logged_reads import CountReads, ThreeOnTheBar
 from gpu_busy.callbacks import LoggingStepProgressBar, SyncPointDetector
 from tests.helpers.trainers import quiet_trainer
 
@@ -152,74 +148,13 @@ def test_lightnings_behaviour_is_put_back_when_the_fit_ends(tmp_path):
     assert all(not isinstance(v, torch.Tensor) for v in trainer.progress_bar_metrics.values())
 
 
-class ThreeOnTheBar(BoringModel):
-    """Three prog_bar values and one without, every step: the module the issue measured."""
-
-    def training_step(self, batch, batch_idx):
-        out = super().training_step(batch, batch_idx)
-        loss = out["loss"]
-        self.log("a", loss, prog_bar=True)
-        self.log("b", loss * 2, prog_bar=True)
-        self.log("c", loss * 3, prog_bar=True)
-        self.log("d", loss * 4)
-        return out
-
-
-class _CountReads(pl.Callback):
-    """Reads of device values (``.item()``, ``.tolist()``, a blocking copy to the host) in
-    each training step's window, by the function that made them. On the CPU every tensor
-    counts as device memory except the host copies a copy made, whose reads are free."""
-
-    def __init__(self) -> None:
-        self.by_step: dict[int, collections.Counter] = collections.defaultdict(collections.Counter)
-        self.logging: set[int] = set()
-        self._host: dict[int, weakref.ref] = {}  # live host copies, by their memory
-        self._step = 0
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        if compat.is_logging_step(trainer):
-            self.logging.add(self._step)
-        self._step += 1  # the loop's work after a step is the next step's
-
-    def install(self, monkeypatch) -> None:
-        for name in ("item", "tolist"):
-            monkeypatch.setattr(torch.Tensor, name, self._read(getattr(torch.Tensor, name)))
-        monkeypatch.setattr(torch.Tensor, "cpu", self._copy(torch.Tensor.cpu, blocking=True))
-        monkeypatch.setattr(torch.Tensor, "to", self._copy(torch.Tensor.to, blocking=None))
-
-    def _count(self) -> None:
-        caller = sys._getframe(2).f_code.co_name
-        self.by_step[self._step][caller] += 1
-
-    def _read(self, original):
-        def read(tensor, *args, **kwargs):
-            copy = self._host.get(tensor.untyped_storage().data_ptr(), lambda: None)()
-            if copy is None:  # not a live host copy's memory (a view of one is)
-                self._count()
-            return original(tensor, *args, **kwargs)
-
-        return read
-
-    def _copy(self, original, blocking):
-        def copy(tensor, *args, **kwargs):
-            out = original(tensor, *args, **kwargs)
-            to_host = blocking or (str(args[0] if args else kwargs.get("device")) == "cpu")
-            if to_host and isinstance(out, torch.Tensor):
-                if blocking or not kwargs.get("non_blocking", False):
-                    self._count()
-                self._host[out.untyped_storage().data_ptr()] = weakref.ref(out)
-            return out
-
-        return copy
-
-
 def test_prog_bar_values_are_read_never_in_a_steady_step_and_once_at_a_logging_step(
     tmp_path, monkeypatch
 ):
     from bench.host import default_config_parts
 
     callbacks, plugins = default_config_parts()
-    count = _CountReads()
+    count = CountReads()
     trainer = quiet_trainer(
         max_steps=32, log_every_n_steps=10, callbacks=[*callbacks, count], plugins=plugins,
         logger=pl.loggers.CSVLogger(tmp_path), enable_checkpointing=True,

@@ -177,7 +177,8 @@ class SyncPointDetector(Measurement):
         if watched is not None:
             events, steady = watched
             step = compat.logger_step(trainer)
-            self.table.add_all(events, step=step, logging=not steady)
+            first = self.steps.steps == 1  # the fit's first window just closed
+            self.table.add_all(events, step=step, logging=not steady, first=first)
             n = len(events)
             self._rows.append((step, trainer.current_epoch, n, steady))
             self.totals.add(WatchedSums(1, n, int(steady), n if steady else 0))

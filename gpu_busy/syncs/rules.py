@@ -613,6 +613,17 @@ LIBRARY_READS: tuple[tuple[str, str], ...] = (
         "turns the checks off and leaves the metric as it is",
     ),
     (
+        # collections.py, MetricCollection._merge_compute_groups (via _equal_metric_states,
+        # utilities/data.py allclose): with compute_groups=True, its default, the first
+        # update compares every pair of metrics' states on the host; a list of groups is
+        # taken as given (_init_compute_groups) and nothing is compared.
+        "in _merge_compute_groups",
+        "torchmetrics' MetricCollection compares its metrics' states on the host at its first "
+        "update, to find which can share them (compute_groups=True, its default): pass "
+        'compute_groups=False, or name the groups yourself (compute_groups=[["acc", "f1"]], '
+        "metrics of one family with the same arguments), and nothing is compared",
+    ),
+    (
         # utilities/compute.py, normalize_logits_if_needed: on a CUDA tensor a torch.where,
         # no sync; on a CPU tensor an `if not torch.all(...)`, which the simulation sees.
         "in normalize_logits_if_needed",

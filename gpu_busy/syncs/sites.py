@@ -51,6 +51,7 @@ class SyncSite:
     allowed: str | None = None  # the reason given to allow_syncs, if one covered it
     count: int = 0  # all watched steps
     steady_count: int = 0  # watched steady steps (see WatchedSteps)
+    first_count: int = 0  # at the fit's first step (set-up)
     steps: list[int] = field(default_factory=list)  # first few steps it was seen in
     # what it cost, summed over the events where it was measured (gpu_busy.syncs.costs)
     host_ms: float = 0.0
@@ -87,7 +88,11 @@ class SyncSiteTable:
         self.chain_hints = chain_hints
         self.costs = costs
 
-    def add_all(self, events: list[SyncEvent], step: int, logging: bool) -> None:
+    def add_all(
+        self, events: list[SyncEvent], step: int, logging: bool, first: bool = False
+    ) -> None:
+        """One watched step's events: ``logging`` for any step not steady (a logging step,
+        the one after it, the fit's first), ``first`` for the fit's first."""
         for e in events:
             key = site_key(e)
             site = self.sites.get(key)
@@ -98,6 +103,7 @@ class SyncSiteTable:
                 )  # fmt: skip
             site.count += 1
             site.steady_count += 0 if logging else 1
+            site.first_count += int(first)
             if len(site.steps) < 5 and step not in site.steps:
                 site.steps.append(step)
             if self.costs and e.host_ms is not None:
@@ -118,8 +124,8 @@ class SyncSiteTable:
             if site is None:
                 self.sites[other.key] = other
             else:
-                for name in ("count", "steady_count", "host_ms", "host_timed", "idle_after_ms",
-                             "idle_timed"):  # fmt: skip
+                for name in ("count", "steady_count", "first_count", "host_ms", "host_timed",
+                             "idle_after_ms", "idle_timed"):  # fmt: skip
                     setattr(site, name, getattr(site, name) + getattr(other, name))
                 site.steps = sorted(set(site.steps) | set(other.steps))[:5]
 
@@ -141,7 +147,7 @@ class SyncSiteTable:
         ordered = self.ranked(watched)
         lines = []
         for s in ordered[:limit]:
-            when = "" if s.steady_count else " (logging steps only)"
+            when = _when(s)
             via = f" via {s.via}" if s.via else ""
             steps = ", ".join(map(str, s.steps)) + (", ..." if s.count > len(s.steps) else "")
             lines.append(f"  {s.count:6d}x  {s.location}  [{s.phase}]  {s.op}{when}{via}")
@@ -156,6 +162,18 @@ class SyncSiteTable:
         if len(ordered) > limit:
             lines.append(f"  ... and {len(ordered) - limit} more site(s)")
         return lines
+
+
+def _when(site: SyncSite) -> str:
+    """When a site synced, from what was recorded: at steady steps (said by nothing), or
+    only where a fit reads anyway."""
+    if site.steady_count:
+        return ""
+    if site.first_count == site.count:
+        return " (the fit's first step only)"
+    return (
+        " (the first step and logging steps only)" if site.first_count else " (logging steps only)"
+    )
 
 
 def _cost_text(site: SyncSite, watched: int, step_ms: float | None) -> str:

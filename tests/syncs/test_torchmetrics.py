@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torchmetrics import MeanMetric, MeanSquaredError, SumMetric
+from torchmetrics import MeanMetric, MeanSquaredError, MetricCollection, SumMetric
 from torchmetrics.classification import (
     BinaryAccuracy,
     BinaryF1Score,
@@ -66,7 +66,8 @@ def test_readme_names_each_sync_free_setting():
 
     readme = (ROOT / "README.md").read_text()
     for setting in ('average="micro", validate_args=False', "validate_args=False",
-                    "(logits > 0).long()", 'nan_strategy="disable"'):  # fmt: skip
+                    "(logits > 0).long()", 'nan_strategy="disable"',
+                    "MetricCollection", "compute_groups=False"):  # fmt: skip
         assert setting in readme, setting
 
 
@@ -90,3 +91,45 @@ def test_a_sync_inside_torchmetrics_gets_the_metrics_own_fix(name, metric, input
         assert event.filename == __file__  # the user's line that called the metric
         assert argument in event.hint, (event, event.hint)
         assert "scatter_add_" not in event.hint  # the fix for code inside torchmetrics
+
+
+def _collection(**settings):
+    return MetricCollection(
+        {
+            "acc": MulticlassAccuracy(5, average="micro", validate_args=False),
+            "f1": MulticlassF1Score(5, average="micro", validate_args=False),
+        },
+        **settings,
+    )
+
+
+def test_a_metric_collections_grouping_gets_its_own_fix_and_the_fix_holds():
+    """MetricCollection's default compute_groups=True compares the metrics' states on the
+    host at its first update; each fix the report prints, applied as printed, syncs never."""
+    with detect_syncs(device_type="cpu") as rec:
+        _collection().update(LOGITS, LABELS)
+    assert rec.events, "MetricCollection no longer compares states: update README's list"
+    for event in rec.events:
+        assert event.filename == __file__ and "compute_groups=False" in event.hint, event.hint
+    for fix in ({"compute_groups": False}, {"compute_groups": [["acc", "f1"]]}):
+        collection = _collection(**fix)
+        with detect_syncs(device_type="cpu") as rec:
+            for _ in range(3):
+                collection.update(LOGITS, LABELS)
+        assert rec.events == [], (fix, rec.events)
+        assert collection.compute()["acc"] == MulticlassAccuracy(5, average="micro")(
+            LOGITS, LABELS
+        )  # the same figure, grouped or not
+
+
+def test_a_site_that_syncs_only_at_the_fits_first_step_says_so():
+    from gpu_busy.syncs.attribution import SyncEvent
+    from gpu_busy.syncs.sites import SyncSiteTable
+
+    table = SyncSiteTable()
+    first, logging = SyncEvent("allclose", "model.py", 3), SyncEvent(".item()", "model.py", 9)
+    table.add_all([first, first, logging], step=0, logging=True, first=True)
+    table.add_all([logging], step=10, logging=True)
+    lines = table.render()
+    assert any("allclose (the fit's first step only)" in line for line in lines), lines
+    assert any(".item() (the first step and logging steps only)" in line for line in lines)

@@ -91,7 +91,8 @@ class SyncPointDetector(Measurement):
         self._rows: list[tuple[int, int, int, bool]] = []
         self._window_rows: list[tuple[int, int, int, bool]] = []  # the window being logged
         self.totals = WatchedSums()  # this rank's, in this fit
-        self._costs: tuple[float | None, float | None] = (None, None)  # watched, plain (s)
+        # watched, plain, the plain steps' upper quartile (s)
+        self._costs: tuple[float | None, ...] = (None, None, None)
 
     # -- the watched windows: where the loop is, told to WatchedSteps --------------------
 
@@ -239,12 +240,10 @@ class SyncPointDetector(Measurement):
     def window_row(self) -> list[float]:
         """This rank's window: the watched steps' sync counts and the costs measured."""
         self._window_rows, self._rows = self._rows[-_MAX_ROWS:], []
-        watched_s, plain_s = self.schedule.estimate()
         return [
             float(len(self._window_rows)),
             float(sum(r[2] for r in self._window_rows)),
-            _or_nan(watched_s),
-            _or_nan(plain_s),
+            *map(_or_nan, self.schedule.estimate()),
             *[float(r[2]) for r in self._window_rows],
             *[0.0] * (_MAX_ROWS - len(self._window_rows)),
         ]
@@ -259,14 +258,14 @@ class SyncPointDetector(Measurement):
 
     def _log_gathered(self, trainer, gathered: list[list[float]]) -> None:
         rows = self._window_rows
-        watched_s, plain_s = WatchSchedule.costliest([(r[2], r[3]) for r in gathered])
-        self.schedule.update(watched_s, plain_s)
-        self._costs = (watched_s, plain_s)
+        watched_s, plain_s, plain_high_s = WatchSchedule.costliest([r[2:5] for r in gathered])
+        self.schedule.update(watched_s, plain_s, plain_high_s)
+        self._costs = (watched_s, plain_s, plain_high_s)
         if not self.log_stats:
             return
         n = int(gathered[0][0])
         world = len(gathered)
-        per_step = [sum(r[4 + i] for r in gathered) / world for i in range(n)]
+        per_step = [sum(r[5 + i] for r in gathered) / world for i in range(n)]
         for (step, epoch, _, _), count in zip(rows, per_step, strict=False):
             log_metrics(trainer, {"syncs/count": count}, step=step, epoch=epoch)
         if n:
@@ -298,6 +297,7 @@ class SyncPointDetector(Measurement):
             costs=self._costs,
             budget=self.schedule.budget,
             interval=self.schedule.interval,
+            always_watched=self.schedule.first,
             fit_seconds=time.perf_counter() - self._fit_start,
         )
         self.report = report["summary"]

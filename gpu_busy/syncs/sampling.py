@@ -12,7 +12,7 @@ Example::
         t0 = time.perf_counter(); run_step(watched)
         schedule.observe(watched, time.perf_counter() - t0)
         if step % 20 == 19:
-            schedule.update(*schedule.estimate())
+            schedule.update(*schedule.estimate())       # (reduced over ranks, under DDP)
 """
 
 from __future__ import annotations
@@ -107,17 +107,28 @@ class WatchSchedule:
         """Time of one comparable step (leave out steps with validation, logging, set-up)."""
         (self.watched if watched else self.plain).append(seconds)
 
-    def estimate(self) -> tuple[float | None, float | None]:
-        """(median watched step, median plain step) in seconds; None where not sampled."""
+    def estimate(self) -> tuple[float | None, float | None, float | None]:
+        """(median watched step, median plain step, the plain steps' upper quartile) in
+        seconds; None where not sampled."""
         w = statistics.median(self.watched) if self.watched else None
         p = statistics.median(self.plain) if self.plain else None
-        return w, p
+        high = _upper_quartile(self.plain) if self.plain else None
+        return w, p, high
 
-    def update(self, watched_s: float | None, plain_s: float | None) -> None:
-        """Set the cost from (watched, plain) step times, reduced over ranks if several."""
+    def update(
+        self, watched_s: float | None, plain_s: float | None, plain_high_s: float | None = None
+    ) -> None:
+        """Set the cost from (watched, plain) step times, reduced over ranks if several. A
+        watched step no slower than the plain steps' upper quartile (``plain_high_s``; the
+        median where not given) is within their own spread: a loaded machine hides its
+        cost there, and a watched step is never free, so the cost known stays."""
         if watched_s is None or plain_s is None or plain_s <= 0:
             if self.interval is None and watched_s is None:
                 self.interval = self.max_interval  # nothing measured: watch rarely to learn
+            return
+        if watched_s <= max(plain_s, plain_high_s or 0.0):
+            if self.interval is None:
+                self.interval = self.max_interval
             return
         self.extra = self.overhead(watched_s, plain_s)
         self.interval = max(2, math.ceil(self.extra / self.budget))
@@ -130,12 +141,19 @@ class WatchSchedule:
         return max(0.0, watched_s - plain_s) / plain_s
 
     @classmethod
-    def costliest(cls, ranks: list[tuple[float, float]]) -> tuple[float | None, float | None]:
-        """The (watched, plain) step seconds of the rank where watching costs most, from
-        every rank's ``estimate()`` (NaN for None, as gathered): every rank watched the same
-        steps, so the costliest sets the schedule."""
-        both = [(w, p) for w, p in ranks if w == w and p == p and p > 0]  # NaN != NaN
+    def costliest(
+        cls, ranks: list[tuple[float, float, float]]
+    ) -> tuple[float | None, float | None, float | None]:
+        """The (watched, plain, plain upper quartile) step seconds of the rank where watching
+        costs most, from every rank's ``estimate()`` (NaN for None, as gathered): every rank
+        watched the same steps, so the costliest sets the schedule."""
+        both = [(w, p, h) for w, p, h in ranks if w == w and p == p and p > 0]  # NaN != NaN
         if both:
-            return max(both, key=lambda wp: cls.overhead(*wp))
-        watched = [w for w, _ in ranks if w == w]
-        return (max(watched) if watched else None), None
+            return max(both, key=lambda wph: cls.overhead(*wph[:2]))
+        watched = [w for w, _, _ in ranks if w == w]
+        return (max(watched) if watched else None), None, None
+
+
+def _upper_quartile(samples) -> float:
+    ordered = sorted(samples)
+    return ordered[(3 * (len(ordered) - 1)) // 4]

@@ -10,7 +10,8 @@
 # make bench [QUICK=1]           the benchmark suite; results in runs/bench/bench.json
 # make compare A=runs/default/version_0 B=runs/default/version_1 [THRESHOLD=0.05] [SYNC_THRESHOLD=0]
 #                                two runs side by side; exit 1 when B fails a gate: throughput
-#                                (drop above THRESHOLD), syncs (rise above SYNC_THRESHOLD, if set)
+#                                (drop above THRESHOLD, beyond both runs' spread), syncs (rise
+#                                above SYNC_THRESHOLD; +0 on a CPU or where they changed)
 # make lock                      re-resolve requirements.lock (the versions the tests pass on)
 # make wheelhouse WHEELHOUSE=dir [PLATFORM="tag ..." PYTHON_VERSION=3.12] [SKIP=regex]
 #                                every wheel an offline machine needs, into dir

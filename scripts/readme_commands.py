@@ -6,7 +6,7 @@ line is kept for the lines after it. ``make test`` is skipped (CI has just run i
 command that asks for more GPUs than the machine has (``GPUS=N``) must fail the way
 README says: before any process starts, with one ``error:`` line. ``make compare`` fails
 when B fails a gate, which is a finding, not a failure of the command: its last line
-says which (``ok:`` or ``worse:``).
+says which (``ok:``, ``better:`` or ``worse:``).
 
 Example::
 
@@ -75,7 +75,7 @@ def main(argv: list[str]) -> int:
             ok = done.returncode != 0 and len(errors) == 1 and "Traceback" not in done.stderr
             outcome = f"refused as README says: {errors[0] if errors else '(no error line)'}"
         elif line.startswith("make compare"):
-            ok = last.startswith(("ok:", "worse:")) and "Traceback" not in done.stderr
+            ok = last.startswith(("ok:", "better:", "worse:")) and "Traceback" not in done.stderr
             outcome = f"exit {done.returncode}: {last}"
         else:
             ok = done.returncode == 0

@@ -83,11 +83,13 @@ class ThroughputMonitor(Measurement):
         self._wrapped: pl.LightningModule | None = None
         self._window = ThroughputStats()  # since the last logging step
         self._total = ThroughputStats()  # read back over the fit
+        self._window_rates: list[float] = []  # samples/s of each window, over ranks
         self._run_dir = None
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._memory = MemoryPeaks(trainer.strategy.root_device)
         self._window, self._total = ThroughputStats(), ThroughputStats()
+        self._window_rates = []
         self._count = FlopCount() if self.flops_per_batch is None else None
         self._counted_samples = None
         self._run_dir = run_dir(trainer)
@@ -127,6 +129,9 @@ class ThroughputMonitor(Measurement):
             for s, r in zip(stats, rows, strict=True)
         ]
         metrics = over_ranks(per_rank, prefix="throughput/")
+        rates = [r["samples_per_s"] for r in per_rank]
+        if rates and None not in rates:  # make compare's noise: each window's rate
+            self._window_rates.append(sum(rates))
         if steps := min(s.steps for s in stats):  # as idle/window_steps
             metrics["throughput/window_steps"] = steps
         log_metrics(trainer, metrics)
@@ -167,6 +172,7 @@ class ThroughputMonitor(Measurement):
             precision=precision,
             clock=self._clock.timer.clock,
             warmup_steps=self.warmup_steps,
+            window_rates=self._window_rates,
         )
         publish(trainer, "throughput", self.report, lines, self._run_dir)
 

@@ -57,6 +57,7 @@ class IdleReport(TypedDict, total=False):
     mean: dict[str, float | None]  # IdleStats.means() keys, the mean over ranks
     rank_max: dict[str, float | None]  # the largest single rank's
     ranks: list[dict[str, Any]]  # every rank's own, with "rank"
+    window_samples_per_s: list[float]  # each logging window's, summed over ranks
     traces: list[dict[str, Any]]  # analysed profiler windows
     trace_overhead_s: float
     picture: str | None

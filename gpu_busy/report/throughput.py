@@ -38,8 +38,10 @@ def end_of_fit(
     precision: str | None,
     clock: str,
     warmup_steps: int,
+    window_rates: list[float] | None = None,
 ) -> tuple[ThroughputReport, list[str]]:
-    """``ranks`` and ``memory`` hold each rank's sums over the fit, in rank order."""
+    """``ranks`` and ``memory`` hold each rank's sums over the fit, in rank order;
+    ``window_rates`` the samples/s of each logging window (their spread is a run's noise)."""
     per_rank = []
     for rank, (stats, mem) in enumerate(zip(ranks, memory, strict=True)):
         rates = stats.rates()
@@ -74,6 +76,7 @@ def end_of_fit(
         "peak_allocated_gib": _max(per_rank, "peak_allocated_gib"),
         "peak_reserved_gib": _max(per_rank, "peak_reserved_gib"),
         "ranks": per_rank,
+        "window_samples_per_s": list(window_rates or []),
     }
     return report, lines(report)
 

@@ -343,6 +343,8 @@ def test_throughput_agrees_with_lightnings_monitor_on_the_same_fit(tmp_path):
         lightning = float(next(r.split(",")[col] for r in rows[1:] if r.split(",")[col]))
     assert ours.report["timed_steps"] == 39
     assert ours.report["samples_per_s"] == pytest.approx(float(lightning), rel=0.02)
+    # each logging window's rate, for make compare's noise: here one window, the whole fit
+    assert ours.report["window_samples_per_s"] == [pytest.approx(ours.report["samples_per_s"])]
 
 
 class Syncless(Wide):

@@ -45,6 +45,9 @@ def _command() -> str:
 QUIET_WARNINGS = (
     r"torch\.distributed\.nn\.functional\.all_gather",
     r"`isinstance\(treespec, LeafSpec\)` is deprecated",
+    # main passes LightningCLI the arguments it has checked (sys.argv's, by default): ours to
+    # do, not the user's mistake the warning suspects
+    r"LightningCLI's args parameter is intended",
 )
 QUIET_LOG_LINES = ("💡 Tip: For seamless cloud logging",)
 

@@ -369,3 +369,16 @@ def test_the_default_config_is_the_gpu_run_and_the_cpu_overlay_keeps_the_cpu_run
         "width": 16, "compile": False, "batch": 128, "images": None, "steps_per_epoch": 64,
         "epochs": 3, "precision": None,
     }  # fmt: skip
+
+
+def test_a_run_from_the_command_line_warns_of_nothing_the_user_did(in_tmp, monkeypatch):
+    """Lightning warns when LightningCLI gets args= while sys.argv has arguments too, as
+    every `make train` has: main passes the arguments it checked, so that one is ours."""
+    import warnings
+
+    args = ["fit", "--config", DEFAULT, "--config", DEBUG, "--trainer.max_steps=1"]
+    monkeypatch.setattr("sys.argv", ["train.py", *args])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert main(args) == 0
+    assert not [w for w in caught if "args parameter" in str(w.message)], caught

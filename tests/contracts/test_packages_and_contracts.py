@@ -370,6 +370,14 @@ def test_readmes_map_names_every_module_and_folder_of_the_package():
     assert named - present == set(), f"README's map names what is gone: {sorted(named - present)}"
 
 
+def test_the_schema_version_readme_states_is_the_one_the_reports_carry():
+    from gpu_busy.report.files import SCHEMA_VERSION
+
+    readme = (ROOT / "README.md").read_text()
+    stated = re.findall(r"`schema_version` \((\d+)\)", readme)
+    assert stated == [str(SCHEMA_VERSION)], stated
+
+
 def test_no_module_of_the_package_is_too_long_to_hold_in_mind():
     # A room a maintainer can live in: past 500 lines a module is split by what each part
     # is (cli/, syncs/). The sync rules are one table, each row citing its source: they

@@ -200,8 +200,13 @@ def class_path_problem(path: str) -> str | None:
         return _missing_module(module, parts, depth, name)
     # Among every installed top-level name only a near twin is a likely meaning.
     near = close_match(parts[0], [m.name for m in pkgutil.iter_modules()], cutoff=0.8)
-    hint = f"; did you mean {'.'.join([near, *parts[1:], name])}?" if near else ""
-    return f"no module named {parts[0]}{hint}"
+    if near:
+        return f"no module named {parts[0]}; did you mean {'.'.join([near, *parts[1:], name])}?"
+    return (
+        f"no module named {parts[0]}: a package of your own is found in the folder you run "
+        f"from (the project root, for make train: {parts[0]}/ with an __init__.py), where "
+        "`pip install -e` put it, or on PYTHONPATH"
+    )
 
 
 def _missing_class(module: object, module_name: str, name: str) -> str | None:

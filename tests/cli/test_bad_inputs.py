@@ -384,7 +384,7 @@ class FillTheDisk(Callback):
         (["--trainer.accumulate_grad_batches=0"], "accumulate_grad_batches must be 1 or more"),
         (["--trainer.strategy=bogus"], "invalid strategy name"),
         (["--data.crop_padding=-1"], "padding must be >= 0"),
-        (["--model.class_path=nope.Module"], "no module named nope"),
+        (["--model.class_path=nope.Module"], "no module named nope: a package of your own is"),
         (
             ["--model.class_path=template.models.ImageClasifier"],
             "did you mean template.models.ImageClassifier?",

@@ -46,15 +46,18 @@ _WHEN_FAILED: dict[str, Callable[[], Any]] = {"window_row": list}  # an empty ro
 
 
 class Measurement(compat.Callback):
-    """A callback whose hooks (all of them, or the names in ``measured``) are guarded."""
+    """A callback whose hooks (all of them, or the names in ``measured``) are guarded, and
+    that reports on the steps a fit ran when the fit is cut short (``at_stop``)."""
 
     label = "a measurement"  # what the warning and the n/a line call it
     report_name = ""  # the report it publishes at the end of a fit ("idle"), if any
     measured: frozenset[str] | None = None  # None: every hook the class defines
+    # what makes its report, run at on_exception where the fit ended early (report_at_stop)
+    at_stop: tuple[str, ...] = ("on_train_end", "on_fit_end")
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        names = _HOOKS if cls.measured is None else cls.measured
+        names = (_HOOKS if cls.measured is None else cls.measured) | _ALWAYS_RUN
         for name, fn in list(vars(cls).items()):
             if name in names and callable(fn) and not getattr(fn, "_guarded", False):
                 setattr(cls, name, _guarded(name, fn))
@@ -63,6 +66,13 @@ class Measurement(compat.Callback):
     def failed(self) -> str | None:
         """Why this callback stopped measuring, or None."""
         return self.__dict__.get("_failed")
+
+    # Guarded below (the report at a stop runs first; teardown ends the fit's record)
+    def on_exception(self, trainer: pl.Trainer, pl_module: Any, exception: BaseException) -> None:
+        pass
+
+    def teardown(self, trainer: pl.Trainer, pl_module: Any, stage: str) -> None:
+        pass
 
     def must_raise(self) -> bool:
         """Whether a failure must end the fit after all (a check, not a measurement)."""
@@ -83,6 +93,12 @@ def _guarded(name: str, fn: Callable) -> Callable:
 
     @functools.wraps(fn)
     def guarded(self: Measurement, *args: Any, **kwargs: Any) -> Any:
+        if name == "on_exception":
+            report_at_stop(self, *args[:3])
+        if name in self.at_stop:
+            self.__dict__.setdefault("_ran", set()).add(name)
+        if name == "teardown":
+            self.__dict__.pop("_ran", None)  # the fit is over: the next starts afresh
         if "_failed" in self.__dict__ and not always:
             if name in _REPORT_HOOKS and self.report_name and not self.__dict__.get("_said"):
                 self.__dict__["_said"] = True  # at the first hook where its report was due
@@ -103,6 +119,24 @@ def _guarded(name: str, fn: Callable) -> Callable:
     return guarded
 
 
+def report_at_stop(
+    callback: Measurement, trainer: pl.Trainer, pl_module: Any, exception: BaseException
+) -> None:
+    """A fit cut short (a stop every rank made together, or any error in one process)
+    still writes this callback's report of the steps it ran: its ``at_stop`` hooks that did
+    not run, before its own ``on_exception`` tidies up. Under DDP, only a deliberate stop
+    (``TrainingStopped`` that is no failure) is one every rank makes at the same step, so
+    only then are the reports' collectives met on every rank."""
+    deliberate = isinstance(exception, TrainingStopped) and not exception.failure
+    if trainer.state.fn != "fit" or not (deliberate or not _several_ranks()):
+        return
+    ran = set(callback.__dict__.get("_ran", ()))
+    for hook in callback.at_stop:
+        if hook not in ran and getattr(type(callback), hook) is not getattr(pl.Callback, hook):
+            args = (trainer, pl_module, "fit") if hook == "teardown" else (trainer, pl_module)
+            getattr(callback, hook)(*args)
+
+
 def _say_na(callback: Measurement, trainer: pl.Trainer) -> None:
     from gpu_busy.callbacks.ranks import publish  # ranks imports the report layer
 
@@ -113,3 +147,7 @@ def _say_na(callback: Measurement, trainer: pl.Trainer) -> None:
 def _several_ranks() -> bool:
     dist = torch.distributed
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+Measurement.on_exception = _guarded("on_exception", Measurement.on_exception)
+Measurement.teardown = _guarded("teardown", Measurement.teardown)

@@ -34,6 +34,7 @@ class RunSummary(Measurement):
     """Logs where the run lives at the start of fit and what it achieved at the end."""
 
     label = "the run summary"
+    at_stop = ("on_fit_end", "teardown")  # teardown prints the held reports and the summary
 
     def __init__(self) -> None:
         self._first_step = 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -298,6 +299,12 @@ def test_ddp_sigterm_on_one_rank_stops_every_rank_at_the_same_step(tmp_path):
     assert saved["callbacks"]["CheckpointRngState"]["per_rank"].shape[0] == 2
     assert saved["ImageDataModule"] == {"epoch": 1, "batches_trained": 0, "batch_size": 32}
     assert _all_exited(tmp_path)
+    # The reports of the 4 steps it ran, gathered over both ranks as at a fit's end
+    run = tmp_path / "runs" / "debug" / "version_0"
+    for name in ("run", "syncs", "idle", "throughput"):
+        assert (run / f"{name}.json").exists(), (name, sorted(p.name for p in run.iterdir()))
+    assert json.loads((run / "idle.json").read_text())["world_size"] == 2
+    assert json.loads((run / "run.json").read_text())["steps"] == 4
 
 
 @pytest.mark.slow

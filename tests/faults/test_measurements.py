@@ -3,8 +3,10 @@ fail inside, costs one warning and an "n/a", and the fit trains to its last step
 
 from __future__ import annotations
 
+import json
 import logging
 
+import lightning.pytorch as pl
 import pytest
 import torch
 from lightning.pytorch.demos.boring_classes import BoringModel
@@ -12,6 +14,7 @@ from lightning.pytorch.loggers import CSVLogger
 
 from bench.host import default_config_parts
 from gpu_busy.callbacks import SyncPointDetector
+from gpu_busy.faults.training_stopped import TrainingStopped
 from gpu_busy.idle import IdleStats, StepTimer
 from gpu_busy.prefetch import PrefetchStats
 from gpu_busy.report import run as run_report
@@ -63,3 +66,39 @@ def test_under_strict_the_detector_fails_the_fit_as_a_check_must(tmp_path, monke
     with pytest.raises(ValueError, match="a bug in the measurement"):
         trainer.fit(BoringModel())
     assert not isinstance(torch.Tensor.item, type(_broken))  # its patches were undone
+
+
+class _FailsAt(pl.Callback):
+    """The user's code failing at step ``step`` (after its batch end)."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step == self.step:
+            raise RuntimeError("the user's bug")
+
+
+@pytest.mark.parametrize("stop", ["SIGINT", "an error"])
+def test_a_fit_cut_short_writes_the_reports_of_the_steps_it_ran(tmp_path, stop):
+    """Ctrl+C (StopOnSignal saves and stops) or an error in one process: the run directory
+    still gets run.json, syncs.json, idle.json and throughput.json for the steps it ran."""
+    from tests.helpers.faults_probe import SignalAt
+
+    callbacks, plugins = default_config_parts()
+    cut = SignalAt(step=5, signal="SIGINT") if stop == "SIGINT" else _FailsAt(step=6)
+    trainer = quiet_trainer(
+        max_steps=40, log_every_n_steps=4, callbacks=[*callbacks, cut], plugins=plugins,
+        logger=CSVLogger(tmp_path), enable_checkpointing=True, enable_progress_bar=True,
+        default_root_dir=tmp_path,
+    )  # fmt: skip
+    raised = TrainingStopped if stop == "SIGINT" else RuntimeError
+    with pytest.raises(raised):
+        trainer.fit(BoringModel())
+    run = tmp_path / "lightning_logs" / "version_0"
+    for name in ("run", "syncs", "idle", "throughput"):
+        assert (run / f"{name}.json").exists(), (name, sorted(p.name for p in run.iterdir()))
+    summary = json.loads((run / "run.json").read_text())
+    assert summary["steps"] == trainer.global_step < 40  # the steps it ran, not the plan
+    idle = json.loads((run / "idle.json").read_text())
+    assert idle["steps"] >= 1

@@ -18,6 +18,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Callable
@@ -73,6 +74,11 @@ class LoggingStepProgressBar(TQDMProgressBar, compat.Callback):
 
     def on_exception(self, trainer, pl_module, exception) -> None:
         self._put_back()
+        # Lightning closes no bar on an exception: its last line would stay open, and the
+        # reports and the "stopped:" line after it would start on that line
+        for name in ("val_progress_bar", "train_progress_bar"):
+            with contextlib.suppress(TypeError):  # never opened: Lightning's property refuses
+                getattr(self, name).close()
 
     def _put_back(self) -> None:
         if self._undo is not None:

@@ -102,3 +102,5 @@ def test_a_fit_cut_short_writes_the_reports_of_the_steps_it_ran(tmp_path, stop):
     assert summary["steps"] == trainer.global_step < 40  # the steps it ran, not the plan
     idle = json.loads((run / "idle.json").read_text())
     assert idle["steps"] >= 1
+    bar = next(c for c in callbacks if type(c).__name__ == "LoggingStepProgressBar")
+    assert bar.train_progress_bar.disable  # closed: what follows starts on a line of its own

@@ -97,7 +97,8 @@ def test_default_sampling_stays_within_budget_and_watches_the_first_steps(tmp_pa
     assert report["batches"] == 32
     assert 3 <= report["watched_batches"] < 32
     assert report["interval"] is not None and report["interval"] >= 2
-    assert report["watched_batch_overhead"] is not None
+    # measured, or (a loaded machine) a watched batch within the others' spread: said so
+    assert report["watched_batch_overhead"] is not None or report["overhead_within_spread"]
 
 
 def test_a_short_fit_watches_one_batch_and_says_so_up_front(tmp_path, caplog):

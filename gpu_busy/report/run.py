@@ -9,6 +9,8 @@ Example::
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from gpu_busy.report.files import RunReport
 from gpu_busy.report.verdict import decide
 
@@ -21,6 +23,17 @@ THROUGHPUT_KEYS = (
     "peak_allocated_gib",
     "peak_reserved_gib",
 )
+
+
+def _earlier_steps(checkpoint: str) -> str:
+    """Where the reports of the steps before a resume are: beside the checkpoint's
+    ``checkpoints/`` folder, in the run that saved it (a run cut short writes them too)."""
+    folder = Path(checkpoint).parent
+    if folder.name == "checkpoints":
+        return (
+            f"earlier steps' reports: {folder.parent} (the run that saved {Path(checkpoint).name})"
+        )
+    return f"earlier steps: see the run that wrote {checkpoint}"
 
 
 def summary(
@@ -57,7 +70,7 @@ def summary(
         f"{world} process(es){counted}"
     ]
     if first_step and resumed_from:
-        parts.append(f"earlier steps: see the run that wrote {resumed_from}")
+        parts.append(_earlier_steps(resumed_from))
     if best is not None:
         monitor, score, path = best
         if score is not None:

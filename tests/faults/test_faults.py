@@ -169,6 +169,9 @@ def test_sigterm_saves_a_checkpoint_that_resumes_exactly(in_tmp, capsys):
     assert "the steps before it stay in runs/split/version_0" in err
     (summary,) = [line for line in err.splitlines() if "fit done in" in line]
     assert "resumed at step 6" in summary, summary
+    # the stopped part wrote its reports, and the resumed run's summary says where
+    assert "runs/split/version_0 (the run that saved last.ckpt)" in summary, summary
+    assert (in_tmp / "runs" / "split" / "version_0" / "run.json").exists()
     assert steps(in_tmp / "split.batches") == steps(in_tmp / "whole.batches")
     resumed = in_tmp / "runs" / "split" / "version_1" / "checkpoints" / "last.ckpt"
     whole = in_tmp / "runs" / "whole" / "version_0" / "checkpoints" / "last.ckpt"

@@ -18,14 +18,15 @@ import logging
 import sys
 import tempfile
 import weakref
+from collections.abc import Callable
 
 import lightning.pytorch as pl
-import pytest
 import torch
 from lightning.pytorch.demos.boring_classes import BoringModel
 
 from bench.host import default_config_parts
 from gpu_busy import lightning_compat as compat
+from gpu_busy.patches import patch
 
 LOG_EVERY = 10
 # Lightning's conversion, and the template's one copy
@@ -61,11 +62,17 @@ class CountReads(pl.Callback):
             self.logging.add(self._step)
         self._step += 1  # the loop's work after a step is the next step's
 
-    def install(self, monkeypatch) -> None:
-        for name in ("item", "tolist"):
-            monkeypatch.setattr(torch.Tensor, name, self._read(getattr(torch.Tensor, name)))
-        monkeypatch.setattr(torch.Tensor, "cpu", self._copy(torch.Tensor.cpu, blocking=True))
-        monkeypatch.setattr(torch.Tensor, "to", self._copy(torch.Tensor.to, blocking=None))
+    def install(self) -> Callable[[], None]:
+        """Count from now on; returns the undo."""
+        undos = [
+            *(
+                patch(torch.Tensor, n, self._read(getattr(torch.Tensor, n)))
+                for n in ("item", "tolist")
+            ),
+            patch(torch.Tensor, "cpu", self._copy(torch.Tensor.cpu, blocking=True)),
+            patch(torch.Tensor, "to", self._copy(torch.Tensor.to, blocking=None)),
+        ]
+        return lambda: [undo() for undo in reversed(undos)] and None
 
     def _count(self) -> None:
         caller = sys._getframe(2).f_code.co_name
@@ -97,20 +104,22 @@ def reads_per_step(steps: int, lightning_converts: bool) -> tuple[float, float]:
     """(reads of logged values per steady step, per logging step) over one fit."""
     callbacks, plugins = default_config_parts()
     count = CountReads()
-    patch = pytest.MonkeyPatch()
-    if lightning_converts:
-        patch.setattr(compat, "prog_bar_numbers_when_read", lambda trainer: lambda: None)
+    # "before": Lightning converts, as without the template's bar
+    kept = lambda trainer: lambda: None  # noqa: E731
+    undo_bar = patch(compat, "prog_bar_numbers_when_read", kept) if lightning_converts else None
     with tempfile.TemporaryDirectory() as folder:
         trainer = pl.Trainer(
             accelerator="cpu", devices=1, max_steps=steps, log_every_n_steps=LOG_EVERY,
             callbacks=[*callbacks, count], plugins=plugins, logger=pl.loggers.CSVLogger(folder),
             default_root_dir=folder, enable_model_summary=False,
         )  # fmt: skip
-        count.install(patch)
+        uncount = count.install()
         try:
             trainer.fit(ThreeOnTheBar())
         finally:
-            patch.undo()
+            uncount()
+            if undo_bar is not None:
+                undo_bar()
     handed = {s + 1 for s in count.logging if s + 1 < steps}  # the step after: see CountReads
     steady = [s for s in range(1, steps - 1) if s not in handed]
 

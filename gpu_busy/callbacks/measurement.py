@@ -127,10 +127,10 @@ def report_at_stop(
     not run, before its own ``on_exception`` tidies up. Under DDP, only a deliberate stop
     (``TrainingStopped`` that is no failure) is one every rank makes at the same step, so
     only then are the reports' collectives met on every rank."""
-    deliberate = isinstance(exception, TrainingStopped) and not exception.failure
     if trainer.state.fn != "fit" or not trainer.global_step:  # no step ran: nothing to say
         return
-    if not (deliberate or not _several_ranks()):
+    deliberate = isinstance(exception, TrainingStopped) and not exception.failure
+    if _several_ranks() and not deliberate:
         return
     ran = set(callback.__dict__.get("_ran", ()))
     for hook in callback.at_stop:

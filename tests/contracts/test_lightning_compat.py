@@ -541,6 +541,13 @@ def test_prog_bar_values_are_converted_when_read_and_put_back(tmp_path):
                 seen["stored"] = {k: type(v) for k, v in stored.items()}
                 seen["read"] = dict(trainer.progress_bar_metrics)
 
+    from lightning.pytorch.trainer.connectors.logger_connector import logger_connector
+
+    def patched():
+        return (result.convert_tensors_to_scalars, logger_connector.convert_tensors_to_scalars,
+                logger_connector._LoggerConnector.__dict__["progress_bar_metrics"])  # fmt: skip
+
+    before = patched()
     trainer = quiet_trainer(max_steps=3, callbacks=[Probe()], default_root_dir=tmp_path)
     undo = compat.prog_bar_numbers_when_read(trainer)
     try:
@@ -550,6 +557,7 @@ def test_prog_bar_values_are_converted_when_read_and_put_back(tmp_path):
     assert seen["stored"] == {"b": torch.Tensor, "i": torch.Tensor}  # kept, not converted
     assert isinstance(seen["read"]["b"], float) and seen["read"]["i"] == 1  # read: numbers
     assert result.convert_tensors_to_scalars is convert_tensors_to_scalars  # put back
+    assert patched() == before  # all three
     assert not any(isinstance(v, torch.Tensor) for v in trainer.progress_bar_metrics.values())
 
 

@@ -28,11 +28,14 @@ class SyncDistLogs(BoringModel):
 
 
 class RecordLogged(pl.Callback):
-    """Writes ``(step, metrics)`` for every call to each logger, and the callback metrics at
-    the fit's end, from rank zero."""
+    """Every call to each logger (``handed``: step, metrics) and what checkpointing and
+    stopping read at each validation and epoch end (``seen``); at the fit's end, rank zero
+    writes both and the callback metrics to ``path`` (None: to no file)."""
 
-    def __init__(self) -> None:
+    def __init__(self, path: str | None = "logged.json") -> None:
+        self.path = path
         self.handed: list = []
+        self.seen: list = []
 
     def setup(self, trainer, pl_module, stage):
         for logger in trainer.loggers:
@@ -44,8 +47,18 @@ class RecordLogged(pl.Callback):
 
             logger.log_metrics = log_metrics
 
+    def on_validation_end(self, trainer, pl_module):
+        self._see("validation end", trainer)
+
+    def on_train_epoch_end(self, trainer, pl_module):
+        self._see("epoch end", trainer)
+
+    def _see(self, when: str, trainer) -> None:
+        seen = {k: float(v) for k, v in trainer.callback_metrics.items()}
+        self.seen.append([when, trainer.global_step, seen])
+
     def on_fit_end(self, trainer, pl_module):
-        if trainer.is_global_zero:
+        if trainer.is_global_zero and self.path is not None:
             end = {k: float(v) for k, v in trainer.callback_metrics.items()}
-            with open("logged.json", "w") as f:
+            with open(self.path, "w") as f:
                 json.dump({"handed": self.handed, "callback_metrics": end}, f)

@@ -13,6 +13,7 @@ from lightning.pytorch.demos.boring_classes import BoringModel
 
 from bench.logged_reads import CountReads, ThreeOnTheBar
 from gpu_busy.callbacks import LoggingStepProgressBar, SyncPointDetector
+from tests.helpers.logged_values import RecordLogged
 from tests.helpers.trainers import quiet_trainer
 
 
@@ -40,38 +41,10 @@ class LogsEverything(BoringModel):
         self.log("val/loss", loss, prog_bar=True)
 
 
-class RecordLoggers(pl.Callback):
-    """What every logger is handed, and what checkpointing and stopping read, in order."""
-
-    def __init__(self) -> None:
-        self.handed: list[tuple[int, dict]] = []
-        self.seen: list[tuple[str, int, dict]] = []
-
-    def setup(self, trainer, pl_module, stage):
-        for logger in trainer.loggers:
-            original = logger.log_metrics
-
-            def log_metrics(metrics, step=None, original=original):
-                self.handed.append((step, dict(metrics)))
-                return original(metrics, step)
-
-            logger.log_metrics = log_metrics
-
-    def on_validation_end(self, trainer, pl_module):
-        self._see("validation end", trainer)
-
-    def on_train_epoch_end(self, trainer, pl_module):
-        self._see("epoch end", trainer)
-
-    def _see(self, when: str, trainer) -> None:
-        seen = {k: float(v) for k, v in trainer.callback_metrics.items()}
-        self.seen.append((when, trainer.global_step, seen))
-
-
 def _fit(tmp_path, name: str, ours: bool, logger_class=pl.loggers.CSVLogger):
     pl.seed_everything(0)
     model = LogsEverything()
-    record = RecordLoggers()
+    record = RecordLogged(path=None)
     checkpoint = ModelCheckpoint(dirpath=tmp_path / name / "ckpt", monitor="val/loss", save_top_k=2)
     stop = EarlyStopping(monitor="pb/both_epoch", patience=1, min_delta=1e9)  # stops early
     bar = [LoggingStepProgressBar()] if ours else []
@@ -130,27 +103,7 @@ def test_tensorboard_is_handed_the_same_scalars(tmp_path):
     assert ours == plain and "pb/loss" in ours
 
 
-def test_lightnings_behaviour_is_put_back_when_the_fit_ends(tmp_path):
-    from lightning.pytorch.trainer.connectors.logger_connector import logger_connector, result
-
-    before = (
-        result.convert_tensors_to_scalars,
-        logger_connector.convert_tensors_to_scalars,
-        logger_connector._LoggerConnector.__dict__["progress_bar_metrics"],
-    )
-    trainer, *_ = _fit(tmp_path, "ours", ours=True)
-    after = (
-        result.convert_tensors_to_scalars,
-        logger_connector.convert_tensors_to_scalars,
-        logger_connector._LoggerConnector.__dict__["progress_bar_metrics"],
-    )
-    assert after == before
-    assert all(not isinstance(v, torch.Tensor) for v in trainer.progress_bar_metrics.values())
-
-
-def test_prog_bar_values_are_read_never_in_a_steady_step_and_once_at_a_logging_step(
-    tmp_path, monkeypatch
-):
+def test_prog_bar_values_are_read_never_in_a_steady_step_and_once_at_a_logging_step(tmp_path):
     from bench.host import default_config_parts
 
     callbacks, plugins = default_config_parts()
@@ -160,9 +113,11 @@ def test_prog_bar_values_are_read_never_in_a_steady_step_and_once_at_a_logging_s
         logger=pl.loggers.CSVLogger(tmp_path), enable_checkpointing=True,
         enable_progress_bar=True, default_root_dir=tmp_path,
     )  # fmt: skip
-    count.install(monkeypatch)
-    trainer.fit(ThreeOnTheBar())
-    monkeypatch.undo()
+    uncount = count.install()
+    try:
+        trainer.fit(ThreeOnTheBar())
+    finally:
+        uncount()
     logged_value_readers = {"to_item", "numbers_in_one_copy"}  # Lightning's and ours
     assert count.logging == {9, 19, 29}  # and the epoch's end after step 31, not checked
     # Lightning hands the loggers a logging step's values after its callbacks' batch end:

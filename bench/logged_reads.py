@@ -100,11 +100,11 @@ class CountReads(pl.Callback):
         return copy
 
 
-def reads_per_step(steps: int, lightning_converts: bool) -> tuple[float, float]:
-    """(reads of logged values per steady step, per logging step) over one fit."""
+def counted_fit(steps: int, lightning_converts: bool) -> CountReads:
+    """One fit of ``ThreeOnTheBar`` under the default config's callbacks, its reads counted
+    (``lightning_converts``: as without the template's bar)."""
     callbacks, plugins = default_config_parts()
     count = CountReads()
-    # "before": Lightning converts, as without the template's bar
     kept = lambda trainer: lambda: None  # noqa: E731
     undo_bar = patch(compat, "prog_bar_numbers_when_read", kept) if lightning_converts else None
     with tempfile.TemporaryDirectory() as folder:
@@ -120,6 +120,12 @@ def reads_per_step(steps: int, lightning_converts: bool) -> tuple[float, float]:
             uncount()
             if undo_bar is not None:
                 undo_bar()
+    return count
+
+
+def reads_per_step(steps: int, lightning_converts: bool) -> tuple[float, float]:
+    """(reads of logged values per steady step, per logging step) over one fit."""
+    count = counted_fit(steps, lightning_converts)
     handed = {s + 1 for s in count.logging if s + 1 < steps}  # the step after: see CountReads
     steady = [s for s in range(1, steps - 1) if s not in handed]
 

@@ -11,7 +11,7 @@ import torchmetrics
 from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 from lightning.pytorch.demos.boring_classes import BoringModel
 
-from bench.logged_reads import CountReads, ThreeOnTheBar
+from bench.logged_reads import LOGGED_VALUE_READERS, ThreeOnTheBar, counted_fit
 from gpu_busy.callbacks import LoggingStepProgressBar, SyncPointDetector
 from tests.helpers.logged_values import RecordLogged
 from tests.helpers.trainers import quiet_trainer
@@ -103,22 +103,9 @@ def test_tensorboard_is_handed_the_same_scalars(tmp_path):
     assert ours == plain and "pb/loss" in ours
 
 
-def test_prog_bar_values_are_read_never_in_a_steady_step_and_once_at_a_logging_step(tmp_path):
-    from bench.host import default_config_parts
-
-    callbacks, plugins = default_config_parts()
-    count = CountReads()
-    trainer = quiet_trainer(
-        max_steps=32, log_every_n_steps=10, callbacks=[*callbacks, count], plugins=plugins,
-        logger=pl.loggers.CSVLogger(tmp_path), enable_checkpointing=True,
-        enable_progress_bar=True, default_root_dir=tmp_path,
-    )  # fmt: skip
-    uncount = count.install()
-    try:
-        trainer.fit(ThreeOnTheBar())
-    finally:
-        uncount()
-    logged_value_readers = {"to_item", "numbers_in_one_copy"}  # Lightning's and ours
+def test_prog_bar_values_are_read_never_in_a_steady_step_and_once_at_a_logging_step():
+    count = counted_fit(32, lightning_converts=False)
+    logged_value_readers = LOGGED_VALUE_READERS  # Lightning's and ours
     assert count.logging == {9, 19, 29}  # and the epoch's end after step 31, not checked
     # Lightning hands the loggers a logging step's values after its callbacks' batch end:
     # counted with the step after it

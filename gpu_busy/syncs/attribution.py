@@ -186,6 +186,18 @@ def user_frame(frame: Any) -> Any:
     return frame
 
 
+def _kept(chain: list[str]) -> tuple[str, ...]:
+    """The chain's innermost frames, up to the twelfth outside torch: torch's own wrappers
+    (``torch.unique`` runs through eleven) never crowd out the library that called them,
+    whose frame names the fix (``rules.LIBRARY_READS``)."""
+    outside = 0
+    for i, where in enumerate(chain):
+        outside += not where.startswith("torch/")
+        if outside > 12:
+            return tuple(chain[:i])
+    return tuple(chain)
+
+
 def event_here(op: str, phase: str, aten: str | None, origins: tuple = ()) -> SyncEvent:
     """The event at the innermost user frame, going outward from the op.
 
@@ -202,7 +214,7 @@ def event_here(op: str, phase: str, aten: str | None, origins: tuple = ()) -> Sy
     while frame is not None:
         filename = frame.f_code.co_filename
         if not is_library(filename) and not in_loop:
-            return _event_at(op, frame, phase, aten, tuple(chain[:12]), via)
+            return _event_at(op, frame, phase, aten, _kept(chain), via)
         if not is_library(filename):
             break
         if not filename.startswith(_SYNCS_DIR) and filename not in _WARNING_ROUTE:
@@ -217,11 +229,11 @@ def event_here(op: str, phase: str, aten: str | None, origins: tuple = ()) -> Sy
     found = _origin_line(frames, origins)
     if found is not None:
         filename, lineno, function, where = found
-        return _event_at_line(op, filename, lineno, phase, aten, tuple(chain[:12]), where,
+        return _event_at_line(op, filename, lineno, phase, aten, _kept(chain), where,
                               function)  # fmt: skip
     if via_frame is not None:
-        return _event_at(op, via_frame, phase, aten, tuple(chain[:12]), None)
-    return SyncEvent(op, "<library>", 0, "", "", phase, aten, tuple(chain[:12]), via)
+        return _event_at(op, via_frame, phase, aten, _kept(chain), None)
+    return SyncEvent(op, "<library>", 0, "", "", phase, aten, _kept(chain), via)
 
 
 def _origin_line(frames: list, origins: tuple) -> tuple[str, int, str, str] | None:

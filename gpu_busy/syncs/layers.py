@@ -84,10 +84,12 @@ class DispatchLayer(TorchDispatchMode):
             # shown which tensor that map is: a host read on a GPU.
             return False
         rule = ATEN_RULES.get(func.overloadpacket)
-        if rule is None or not rule.applies(d, args, kwargs):
+        if rule is None:
             return False
-        d.record(rule.label, aten=str(func), hint=rule.hint)
-        return True
+        form, count = rule.match(d, args, kwargs)
+        if count:
+            d.record(form.label, aten=str(func), hint=form.hint)
+        return count > 0
 
 
 _BACKWARD_SYNC = "gpu_busy_backward_sync"
@@ -163,9 +165,11 @@ class FunctionLayer(TorchFunctionMode):
         return out
 
     def _observe(self, rule: Rule, args: tuple, kwargs: dict) -> bool:
-        count = 0 if self.d._inside else rule.count(self.d, args, kwargs)
+        if self.d._inside:
+            return False
+        form, count = rule.match(self.d, args, kwargs)
         for _ in range(count):  # one event per sync: x[mask, idx] = 1.0 makes two
-            self.d.record(rule.label, hint=rule.hint)
+            self.d.record(form.label, hint=form.hint)
         return count > 0
 
     def _tag_backward(self, rule: Rule, args: tuple, kwargs: dict, out: Any) -> None:

@@ -25,10 +25,36 @@ aten = torch.ops.aten
 
 Check = Callable[[Any, tuple, dict], bool]
 
-DEFER = "keep it on the device, or read it at logging steps"
+DEFER = (
+    "keep it on the device, with ops whose output size is known on the host (bincount, "
+    "unique, nonzero and x[mask] read a size back; this report gives their sync-free forms), "
+    "or read it at logging steps"
+)
 LOG_IT = (
     "log the tensor with self.log (Lightning reduces it every log_every_n_steps) or keep it "
-    "in a torchmetrics metric"
+    'in a torchmetrics metric (MeanMetric(nan_strategy="disable"))'
+)
+# Ops that take a Python number (a size, a range's end, a slice bound) read it back.
+NUMBER_HINT = (
+    "an op that takes a Python number (a size, a range's end, a count) reads it from the "
+    "device: no sync-free form; compute the number on the host (from shapes or host data), "
+    "or use a fixed upper bound and a mask (torch.arange(bound, device=x.device) < n)"
+)
+MASK_INDEX_HINT = (
+    "use torch.where(mask, x, 0) or masked_fill (the same shape), or index with "
+    "torch.nonzero_static(mask, size=...)"
+)
+HOST_INDEX_HINT = (
+    "make the index on the device (torch.arange or torch.full with device=x.device), or move "
+    "it there once, outside the step"
+)
+TO_DEVICE_HINT = (
+    "create it on the device (device=x.device), or copy it with non_blocking=True from "
+    "pinned memory (the DataLoader's pin_memory=True, or .pin_memory() once)"
+)
+MASK_ASSIGN_HINT = (
+    "use torch.where(mask, value, x), or masked_fill(mask, number) with a Python number "
+    "(the mask the only index: fold another index into the mask first)"
 )
 
 
@@ -38,10 +64,24 @@ class Rule:
     hint: str
     syncs: Check | None = None  # None: whenever its first argument is device memory
     owns: bool = False  # Python rules: the decision covers everything the call runs
+    # One call, several ways to sync, each with its own fix (x[mask], x[i] with i a device
+    # number): the first form that applies names the call.
+    forms: tuple[Rule, ...] = ()
+
+    def match(self, d: Any, args: tuple, kwargs: dict) -> tuple[Rule, int]:
+        """The rule whose label and fix describe this call (this one or one of its forms),
+        and how many syncs the call makes."""
+        for form in self.forms:
+            n = form.count(d, args, kwargs)
+            if n:
+                return form, n
+        return self, 0 if self.forms else self.count(d, args, kwargs)
 
     def count(self, d: Any, args: tuple, kwargs: dict) -> int:
         """How many syncs the call makes: a check may give a number where one call makes
         several (a bool is 0 or 1)."""
+        if self.forms:
+            return self.match(d, args, kwargs)[1]
         if self.syncs is not None:
             return int(self.syncs(d, args, kwargs))
         return int(bool(args) and d.on_device(args[0]))
@@ -180,23 +220,18 @@ def _number_index(d: Any, index: Any) -> bool:
     return False
 
 
-def _getitem_syncs(d: Any, args: tuple, kwargs: dict) -> bool:
-    index = args[1]
-    if _number_index(d, index):
-        return True
-    if not d.on_device(args[0]):
-        return False
-    return any(is_mask(i) for i in index_parts(index)) or _host_index(d, index)
+def _masked(d: Any, args: tuple, kwargs: dict) -> bool:
+    return d.on_device(args[0]) and any(is_mask(i) for i in index_parts(args[1]))
 
 
-def _setitem_syncs(d: Any, args: tuple, kwargs: dict) -> int:
+def _host_indexed(d: Any, args: tuple, kwargs: dict) -> bool:
+    return d.on_device(args[0]) and _host_index(d, args[1])
+
+
+def _mask_assign_syncs(d: Any, args: tuple, kwargs: dict) -> int:
     self_, index, value = args[0], args[1], args[2]
-    if _number_index(d, index):
-        return 1
     if not d.on_device(self_):
         return 0
-    if _host_index(d, index):
-        return 1
     tensors = [i for i in index_parts(index) if isinstance(i, torch.Tensor)]
     if not any(is_mask(i) for i in tensors):
         return 0
@@ -212,6 +247,55 @@ def _setitem_syncs(d: Any, args: tuple, kwargs: dict) -> int:
         return 0
     scalar_copy = host_value and (not isinstance(value, torch.Tensor) or value.dim() == 0)
     return 1 + int(scalar_copy)
+
+
+def _copy_forms(label: str, blocking: Check, to_host: Check) -> tuple[Rule, Rule]:
+    """A blocking copy, by its direction: to the host, keep it on the device; to the
+    device, make it there."""
+    close = ")" if label.endswith("(") else ""
+    return (
+        Rule(
+            f"{label}a blocking copy to the host{close}",
+            DEFER,
+            lambda d, a, k: bool(to_host(d, a, k)) and blocking(d, a, k),
+        ),
+        Rule(
+            f"{label}a blocking copy to the device{close}",
+            TO_DEVICE_HINT,
+            lambda d, a, k: not to_host(d, a, k) and blocking(d, a, k),
+        ),
+    )
+
+
+def _index_forms(assign: bool) -> tuple[Rule, ...]:
+    """The ways ``x[index]`` (or ``x[index] = value``) waits, each with its fix."""
+    number = "x[i] = value / x[:n] = value" if assign else "x[i] / x[:n]"
+    return (
+        Rule(
+            f"{number} with i or n a device tensor (read as a Python number)",
+            "index with a one-element tensor, which stays on the device: "
+            + (
+                "x[i.reshape(1)] = value"
+                if assign
+                else "x[i.reshape(1)], or x.index_select(0, i.reshape(1))"
+            )
+            + "; a slice bound is a length: "
+            + NUMBER_HINT,
+            lambda d, a, k: _number_index(d, a[1]),
+        ),
+        Rule(
+            "x[mask] = value / x[mask, idx] = ... (boolean-mask assignment)"
+            if assign
+            else "x[mask] (boolean-mask index)",
+            MASK_ASSIGN_HINT if assign else MASK_INDEX_HINT,
+            _mask_assign_syncs if assign else _masked,
+        ),
+        Rule(
+            "x[host index]" + (" = value" if assign else "") + " (an index tensor in host memory)",
+            HOST_INDEX_HINT,
+            _host_indexed,
+        ),
+    )
 
 
 # -- functions whose sync depends on their arguments --------------------------------------
@@ -304,7 +388,9 @@ PYTHON_RULES: dict[Any, Rule] = {
         "keep it a tensor, or compute the number on the host (from shapes, not values)",
         owns=True,
     ),
-    torch.Tensor.__index__: Rule("tensor used as an index (__index__)", SCALAR_HINT, owns=True),
+    torch.Tensor.__index__: Rule(
+        "tensor used as a Python number (__index__)", NUMBER_HINT, owns=True
+    ),
     torch.Tensor.__complex__: Rule("complex(tensor)", SCALAR_HINT, owns=True),
     torch.Tensor.__format__: Rule(
         "format(tensor) / f-string",
@@ -321,10 +407,14 @@ PYTHON_RULES: dict[Any, Rule] = {
     torch.Tensor.__array__: Rule("np.asarray(tensor)", DEFER, owns=True),
     torch.Tensor.cpu: Rule("Tensor.cpu()", DEFER, owns=True),
     torch.Tensor.to: Rule(
-        "Tensor.to (a blocking copy between host and device)",
-        "copy with non_blocking=True (from pinned memory to the device), or create it there",
-        lambda d, a, k: _move_syncs(d, a, k, torch.Tensor.to),
+        "Tensor.to",
+        "",
         owns=True,
+        forms=_copy_forms(
+            "Tensor.to (",
+            lambda d, a, k: _move_syncs(d, a, k, torch.Tensor.to),
+            lambda d, a, k: move_target(d, torch.Tensor.to, a, k) is True,
+        ),
     ),
     torch.Tensor.type_as: Rule(
         "Tensor.type_as (a blocking copy between host and device)",
@@ -351,21 +441,8 @@ PYTHON_RULES: dict[Any, Rule] = {
         _copy_syncs,
         owns=True,
     ),
-    torch.Tensor.__getitem__: Rule(
-        "x[mask] / x[host index] (boolean mask or an index tensor on the host)",
-        "use torch.where(mask, x, 0) / masked_fill, nonzero_static(size=...), or keep the "
-        "index tensor on the device",
-        _getitem_syncs,
-        owns=True,
-    ),
-    torch.Tensor.__setitem__: Rule(
-        "x[mask] = tensor / x[mask, idx] = ... / x[host index] = ... (boolean-mask or "
-        "host-index assignment)",
-        "use torch.where(mask, value, x), or masked_fill with a Python number (the mask the "
-        "only index: fold another index into the mask first)",
-        _setitem_syncs,
-        owns=True,
-    ),
+    torch.Tensor.__getitem__: Rule("x[index]", "", owns=True, forms=_index_forms(False)),
+    torch.Tensor.__setitem__: Rule("x[index] = value", "", owns=True, forms=_index_forms(True)),
     F.one_hot: Rule(
         "one_hot without num_classes",
         "pass num_classes= (known on the host)",
@@ -374,13 +451,16 @@ PYTHON_RULES: dict[Any, Rule] = {
     ),
     F.cross_entropy: Rule(
         "cross_entropy with weight and label_smoothing (mean reduction)",
-        "reduction='sum' and divide by a weight total computed without masked_select",
+        "reduction='sum', divided by the targets' weights: weight[target].sum() (with "
+        "ignore_index: (weight[target.clamp_min(0)] * (target != ignore_index)).sum())",
         _cross_entropy_syncs,
         owns=True,
     ),
     torch.isin: Rule(
         "isin with a large test set (sorting path: unique)",
-        "compare against a small test set, or precompute membership on the host",
+        "compare elementwise, (x[..., None] == test).any(-1), or for values in [0, n) look up "
+        "a table made on the device: torch.zeros(n, dtype=torch.bool, "
+        "device=x.device).scatter_(0, test, True)[x]",
         _isin_syncs,
         owns=True,
     ),
@@ -403,17 +483,23 @@ PYTHON_RULES[torch.Tensor.repeat_interleave] = PYTHON_RULES[torch.repeat_interle
 ATEN_RULES: dict[Any, Rule] = {}
 
 
-def _aten(names: tuple[str, ...], label: str, hint: str, syncs: Check | None = None) -> None:
+def _aten(
+    names: tuple[str, ...],
+    label: str,
+    hint: str,
+    syncs: Check | None = None,
+    forms: tuple[Rule, ...] = (),
+) -> None:
     for name in names:
         packet = getattr(aten, name, None)
         if packet is not None:
-            ATEN_RULES[packet] = Rule(label, hint, syncs)
+            ATEN_RULES[packet] = Rule(label, hint, syncs, forms=forms)
 
 
 _aten(
     ("_local_scalar_dense",),
     "scalar read (.item(), float(t), bool(t), a tensor as a number)",
-    SCALAR_HINT,
+    NUMBER_HINT,
 )
 _aten(
     ("nonzero",),
@@ -423,13 +509,13 @@ _aten(
 _aten(
     ("index", "_unsafe_index"),
     "x[mask] (boolean-mask index)",
-    "use torch.where(mask, x, 0) / masked_fill, or nonzero_static(size=...)",
+    MASK_INDEX_HINT,
     lambda d, a, k: d.on_device(a[0]) and any(is_mask(i) for i in a[1] or ()),
 )
 _aten(
     ("index_put", "index_put_", "_index_put_impl_", "_unsafe_index_put"),
     "x[mask] = tensor (boolean-mask assignment)",
-    "use torch.where(mask, value, x) or masked_fill with a Python scalar",
+    MASK_ASSIGN_HINT,
     lambda d, a, k: (
         d.on_device(a[0])
         and any(is_mask(i) for i in a[1] or ())
@@ -444,7 +530,7 @@ _aten(
 _aten(
     ("masked_fill", "masked_fill_"),
     "masked_fill with a device tensor value",
-    "pass the fill value as a Python number, or use torch.where",
+    "pass the fill value as a Python number, or use torch.where(mask, value, x)",
     lambda d, a, k: len(a) > 2 and d.on_device(a[0]) and d.on_device(a[2]),
 )
 _aten(
@@ -460,7 +546,12 @@ _aten(
     "pass output_size= (the total length, known on the host)",
     lambda d, a, k: d.on_device(a[0]) and k.get("output_size") is None,
 )
-_aten(("bincount",), "bincount", "use zeros(n).scatter_add_(0, x, ones) with a known n")
+_aten(
+    ("bincount",),
+    "bincount",
+    "count with a size known on the host: torch.zeros(n, dtype=torch.long, "
+    "device=x.device).scatter_add_(0, x, torch.ones_like(x))",
+)
 _aten(
     ("histc",),
     "histc without min/max",
@@ -485,9 +576,16 @@ _aten(
 # The docs of linalg.eigh, eigvalsh, eig, svd, svdvals, inv, cholesky, solve: "When
 # inputs are on a CUDA device, this function synchronizes that device with the CPU".
 _aten(
-    ("_linalg_check_errors", "_linalg_eigh", "_linalg_svd", "linalg_eig"),
-    "linalg error check (eigh, svd, eig, inv, cholesky, solve, ...)",
-    "use the _ex forms (torch.linalg.inv_ex, cholesky_ex); check info at logging steps",
+    ("_linalg_check_errors",),
+    "linalg error check (inv, cholesky, solve, ...)",
+    "use the _ex form (torch.linalg.inv_ex, cholesky_ex, solve_ex), which returns info on "
+    "the device; check info at logging steps",
+)
+_aten(
+    ("_linalg_eigh", "_linalg_svd", "linalg_eig"),
+    "linalg.eigh / svd / eig (an error check on the host)",
+    "no sync-free form: PyTorch's eigh, svd and eig always wait for their check on a GPU; "
+    "call them at logging steps, or outside the training step",
 )
 _aten(
     ("_ctc_loss", "ctc_loss"),
@@ -498,17 +596,21 @@ _aten(
 _aten(
     ("_to_copy",),
     "a blocking copy between host and device",
-    "copy with non_blocking=True from pinned memory, or create it on the device",
-    lambda d, a, k: (
-        k.get("device") is not None
-        and _blocking_copy(d, a[0], means_host(d, k["device"]), bool(k.get("non_blocking")))
+    "",
+    forms=_copy_forms(
+        "",
+        lambda d, a, k: (
+            k.get("device") is not None
+            and _blocking_copy(d, a[0], means_host(d, k["device"]), bool(k.get("non_blocking")))
+        ),
+        lambda d, a, k: means_host(d, k.get("device")),
     ),
 )
 _aten(
     ("copy_",),
     "a blocking copy between host and device",
-    "copy with non_blocking=True from pinned memory, or create it on the device",
-    _copy_syncs,
+    "",
+    forms=_copy_forms("", _copy_syncs, lambda d, a, k: not d.on_device(a[0])),
 )
 
 # Forward ops whose backward syncs; the backward is attributed to the forward line.
@@ -524,7 +626,8 @@ BACKWARD_RULES: dict[Any, Rule] = {
     ),
     torch.cumprod: Rule(
         "backward of cumprod (reads whether the input has zeros)",
-        "keep the input free of zeros (e.g. clamp) and compute exp(cumsum(log(x))) instead",
+        "for a positive input, exp(cumsum(log(x))) (clamp_min(eps) first if it may reach 0); "
+        "or cumprod of a detached input where no gradient is needed",
         lambda d, a, k: (
             d.on_device(a[0])
             and a[0].numel() > 1
@@ -540,7 +643,8 @@ BACKWARD_RULES: dict[Any, Rule] = {
 }
 BACKWARD_RULES[torch.prod] = BACKWARD_RULES[torch.Tensor.prod] = Rule(
     "backward of prod (finds the zeros of the input)",
-    "keep the input free of zeros and use exp(sum(log(x))), or prod of a detached input",
+    "for a positive input, exp(sum(log(x))) (clamp_min(eps) first if it may reach 0); or "
+    "prod of a detached input where no gradient is needed",
     lambda d, a, k: d.on_device(a[0]) and a[0].dim() > 0 and torch.is_grad_enabled(),
 )
 BACKWARD_RULES[torch.Tensor.cumprod] = BACKWARD_RULES[torch.cumprod]
@@ -638,6 +742,14 @@ LIBRARY_READS: tuple[tuple[str, str], ...] = (
         "torchmetrics' MeanMetric/SumMetric/... look for NaN on the host at every update: "
         'nan_strategy="disable" skips the check (a NaN then reaches the result, as in a '
         "plain mean)",
+    ),
+    (
+        # torch/amp/grad_scaler.py, GradScaler._maybe_opt_step: it skips the optimizer step
+        # when found_inf, a device tensor, says so: `if not sum(v.item() ...)`.
+        "torch/amp/grad_scaler.py",
+        "GradScaler reads whether the float16 gradients overflowed at every optimizer step: "
+        'no sync-free form with float16; precision="bf16-mixed" needs no scaler (bfloat16 has '
+        "float32's range) where the GPU has it (Ampere and later)",
     ),
     (
         # torch/distributions/distribution.py (torch 2.11-2.14): __init__ and

@@ -423,6 +423,27 @@ def test_the_detector_agrees_with_cudas_sync_debug_mode(case):
     assert len(rec.events) == case.syncs, [str(e) for e in rec.events]
 
 
+def _fixes():
+    from tests.helpers.sync_fixes import FIXES
+
+    followed = [f for f in FIXES if f.after is not None]
+    return followed, [f.name for f in followed]
+
+
+@pytest.mark.parametrize("fix", _fixes()[0], ids=_fixes()[1])
+def test_a_fix_followed_as_printed_does_not_wait_on_cuda(fix):
+    """tests/syncs/test_sync_fixes.py on CUDA, by CUDA's own account."""
+    from gpu_busy.syncs import detect_syncs
+    from tests.helpers.sync_fixes import FixTensors
+
+    t = FixTensors("cuda")
+    torch.cuda.synchronize()
+    assert not _cuda_waits(lambda: fix.after(t))
+    with detect_syncs(device_type="cuda") as rec:
+        fix.after(FixTensors("cuda"))
+    assert [str(e) for e in rec.events] == []
+
+
 def main(args: list[str]) -> int:
     """The entry point, where it can be imported (the test skips where it cannot)."""
     return cli_main()(args)

@@ -181,7 +181,7 @@ SYNCS = [
     (_argwhere, "nonzero"),
     (_where_one_arg, "nonzero"),
     (_mask_index, "x[mask]"),
-    (_mask_assign_tensor, "x[mask] = tensor"),
+    (_mask_assign_tensor, "x[mask] = value"),
     (_masked_select, "masked_select"),
     (_masked_fill_tensor, "masked_fill with a device tensor"),
     (_unique, "unique"),

@@ -7,15 +7,12 @@ syncs the module really makes."""
 
 from __future__ import annotations
 
-import importlib
 import json
 import logging
-from pathlib import Path
 
 import lightning.pytorch as pl
 import pytest
 import torch
-import yaml
 from lightning.pytorch.demos.boring_classes import (
     BoringModel,
     ManualOptimBoringModel,
@@ -29,22 +26,7 @@ from gpu_busy.idle.causes import thresholds
 from gpu_busy.report.compare import main as compare_main
 from tests.conftest import DEFAULT, ROOT, run_entry_point
 from tests.helpers.foreign_modules import BlobClassifier, BlobData, SyntheticTransformer, tokens
-from tests.helpers.trainers import quiet_trainer
-
-
-def default_callbacks() -> list[pl.Callback]:
-    """The measuring package's callbacks as configs/default.yaml lists them; every batch
-    watched by the sync detector, so the known syncs show in a short fit."""
-    out = []
-    for spec in yaml.safe_load(Path(DEFAULT).read_text())["trainer"]["callbacks"]:
-        module, name = spec["class_path"].rsplit(".", 1)
-        if not module.startswith("gpu_busy") or name == "BestCheckpoint":
-            continue  # these fits write no checkpoints
-        args = dict(spec.get("init_args") or {})
-        if name == "SyncPointDetector":
-            args["first_steps"] = 1000
-        out.append(getattr(importlib.import_module(module), name)(**args))
-    return out
+from tests.helpers.trainers import default_callbacks, quiet_trainer
 
 
 def fit(tmp_path, model, data=None, caplog=None, **trainer_args):

@@ -16,6 +16,7 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 
 import lightning.pytorch as pl
@@ -25,6 +26,7 @@ from gpu_busy import lightning_compat as compat
 from gpu_busy.callbacks.measurement import Measurement
 from gpu_busy.callbacks.ranks import gather_objects, gather_rows, log_metrics, publish, run_dir
 from gpu_busy.callbacks.step_clock import StepClock
+from gpu_busy.errors import UserError
 from gpu_busy.log import get_logger
 from gpu_busy.report import syncs as syncs_report
 from gpu_busy.syncs.attribution import OPTIMIZER_STEP
@@ -41,6 +43,20 @@ _MAX_ROWS = 64  # per-step counts sent per logging window (a fixed size for all_
 _PHASE_HOOKS = ("on_before_backward", "on_after_backward", "on_before_optimizer_step")
 
 
+STRICT_VARIABLE = "GPU_BUSY_STRICT_SYNCS"
+
+
+def strict_from_environment() -> bool:
+    """``GPU_BUSY_STRICT_SYNCS``: 1/true/yes turns strict on, unset/0/false/no leaves it off;
+    strict from the command line without editing the config's callback list."""
+    value = os.environ.get(STRICT_VARIABLE, "").strip().lower()
+    if value in ("", "0", "false", "no"):
+        return False
+    if value in ("1", "true", "yes"):
+        return True
+    raise UserError(f"{STRICT_VARIABLE}={value!r}: give 1 (strict) or 0 (report only)")
+
+
 class SyncPointDetector(Measurement):
     """Watch a sample of training steps for host-device syncs and report their lines.
 
@@ -50,7 +66,9 @@ class SyncPointDetector(Measurement):
             3, or fewer where the fit's length is known and 3 would not fit the budget.
         strict: raise at the first sync in a watched steady step (not a callback's hooks).
             A fit in which no watched step was steady (a one-batch test) checked nothing:
-            it ends with one warning line that says so.
+            it ends with one warning line that says so. None: the environment variable
+            ``GPU_BUSY_STRICT_SYNCS`` decides (``GPU_BUSY_STRICT_SYNCS=1 make train``), off
+            where it is unset.
         device_type: which tensors count as device memory; None follows the root device.
         log_stats: write ``syncs/*`` at Lightning's logging steps.
     """
@@ -64,13 +82,13 @@ class SyncPointDetector(Measurement):
         self,
         overhead_budget: float = 0.01,
         first_steps: int | None = None,
-        strict: bool = False,
+        strict: bool | None = None,
         device_type: str | None = None,
         log_stats: bool = True,
     ) -> None:
         self.schedule = WatchSchedule(budget=overhead_budget, first=first_steps or 3)
         self._fit_first_to_budget = first_steps is None
-        self.strict = strict
+        self.strict = strict_from_environment() if strict is None else strict
         self.device_type = device_type
         self.log_stats = log_stats
         self.detector: SyncDetector | None = None

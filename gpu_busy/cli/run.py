@@ -27,6 +27,7 @@ from gpu_busy.errors import UserError
 from gpu_busy.faults.training_stopped import TrainingStopped
 from gpu_busy.log import current_rank, setup_logging
 from gpu_busy.resume import checkpoint_file
+from gpu_busy.syncs.attribution import SyncError
 
 # The command, as the user typed it, for the hint after a parse error (set by main).
 _prog = "python"
@@ -107,6 +108,10 @@ def _run(args: list[str] | None) -> int:
         line = argument_error_line(e, args)
         print(f"error: {line} ({_prog} fit --help lists every option)", file=sys.stderr)
         return 2
+    except SyncError as e:
+        # Strict sync detection's finding, not a crash: the line, its fix, and exit 1.
+        print(f"error: strict sync check failed: {e}", file=sys.stderr)
+        return 1
     except (KeyError, RuntimeError, ValueError) as e:
         line = _setting_error_line(e)
         if line is None:

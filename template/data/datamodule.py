@@ -15,7 +15,6 @@ Example::
 from __future__ import annotations
 
 import os
-import warnings
 from pathlib import Path
 from typing import Literal
 
@@ -23,11 +22,10 @@ import lightning.pytorch as pl
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from gpu_busy import lightning_compat as compat
 from gpu_busy.errors import UserError
 from gpu_busy.faults.worker_signals import ignore_stop_signals
 from gpu_busy.log import get_logger
-from gpu_busy.resume.sampler import ResumableSampler
+from gpu_busy.resumable_data import ResumableData, shuffle_seed
 from template.data.augment import CIFAR10_MEAN, CIFAR10_STD, DeviceAugment
 from template.data.sources import FolderImages, InMemoryImages, load_cifar10
 from template.data.synthetic import CLASSES as SYNTHETIC_CLASSES
@@ -56,15 +54,7 @@ def default_num_workers(processes_per_node: int = 1, cap: int = 8) -> int:
     return max(0, min(cap, cores // max(1, processes_per_node) - 1))
 
 
-def shuffle_seed() -> int:
-    """The seed of the training order: ``seed_everything``'s, the same on every rank.
-
-    Lightning's own distributed sampler takes it from the same place (0 when unseeded).
-    """
-    return int(os.environ.get("PL_GLOBAL_SEED", 0))
-
-
-class ImageDataModule(pl.LightningDataModule):
+class ImageDataModule(ResumableData, pl.LightningDataModule):
     """Image classification data with device-side augmentation.
 
     Args:
@@ -124,7 +114,6 @@ class ImageDataModule(pl.LightningDataModule):
         self.download = download
         self.train_set: Dataset | None = None
         self.val_set: Dataset | None = None
-        self._resume_at: tuple[int, int] | None = None  # (epoch, batches) from a checkpoint
 
         if dataset == "folder":
             train_dir = self.data_dir / "train"
@@ -217,19 +206,9 @@ class ImageDataModule(pl.LightningDataModule):
         if pin is None:
             pin = trainer is not None and trainer.strategy.root_device.type == "cuda"
         seed = shuffle_seed()
-        sampler = None
-        if train:
-            # The order is fixed by (seed, epoch), not by the global generator, so a resumed
-            # run sees the same batches as one that never stopped (see sampler.py).
-            world, rank = (trainer.world_size, trainer.global_rank) if trainer else (1, 0)
-            sampler = ResumableSampler(dataset, num_replicas=world, rank=rank, seed=seed)
-            # Lightning may start this loader before it restores the epoch counter and
-            # calls set_epoch (when the LR schedule asks for the number of steps), so the
-            # epoch a checkpoint resumes in is set here.
-            if self._resume_at is not None:
-                epoch, batches = self._resume_at
-                sampler.set_epoch(epoch)
-                sampler.resume_at(epoch, batches, self.batch_size)
+        # The order is fixed by (seed, epoch), not by the global generator, so a resumed run
+        # sees the same batches as one that never stopped (gpu_busy.resumable_data).
+        sampler = self.resumable_sampler(dataset, self.batch_size) if train else None
         return DataLoader(
             dataset,
             batch_size=self.batch_size,
@@ -258,32 +237,6 @@ class ImageDataModule(pl.LightningDataModule):
     # No separate test split: `test` and `predict` of a checkpoint run on the validation set.
     test_dataloader = val_dataloader
     predict_dataloader = val_dataloader
-
-    def state_dict(self) -> dict:
-        # Where training stands, so a resumed run starts the right epoch at the right batch.
-        if self.trainer is None:
-            return {}
-        epoch, batches = compat.epoch_position(self.trainer)
-        return {"epoch": epoch, "batches_trained": batches, "batch_size": self.batch_size}
-
-    def load_state_dict(self, state: dict) -> None:
-        saved_size = state.get("batch_size")
-        if state.get("batches_trained") and saved_size not in (None, self.batch_size):
-            # Mid-epoch, the position is a count of batches: with another size it would
-            # point at other samples, some trained twice and others skipped.
-            raise UserError(
-                f"the checkpoint stopped {state['batches_trained']} batches into an epoch with "
-                f"data.batch_size={saved_size}, and this run has {self.batch_size}: resume "
-                f"with --data.batch_size={saved_size}, or from a checkpoint saved at an "
-                "epoch's end"
-            )
-        if "epoch" in state:
-            self._resume_at = (int(state["epoch"]), int(state["batches_trained"]))
-            # Lightning warns that a mid-epoch resume is unreliable unless the DataLoader
-            # itself is stateful; here the sampler resumes, so the warning does not apply.
-            warnings.filterwarnings(
-                "ignore", message="You're resuming from a checkpoint that ended before"
-            )
 
     def on_after_batch_transfer(self, batch, dataloader_idx: int):
         # Runs on the device, on the compute stream, after the copy: the host moved uint8.

@@ -705,3 +705,23 @@ def test_a_batch_read_ahead_outside_a_watched_step_is_host_memory_until_moved(
     copies = [s for s in detector.table.sites.values() if s.op.startswith("Tensor.to")]
     # steps 1, 3, 5, 7 watched; each moves x and y, read in the step before
     assert sum(s.count for s in copies) == 2 * 4, [(s.op, s.code, s.count) for s in copies]
+
+
+def test_strict_from_the_command_line_fails_the_entry_points_fit_at_the_users_line(
+    in_tmp, monkeypatch, capsys
+):
+    """``GPU_BUSY_STRICT_SYNCS=1 make train``: strict without editing the callback list."""
+    from tests.conftest import DEBUG, DEFAULT, cli_main
+
+    main = cli_main()
+    args = ["fit", "--config", DEFAULT, "--config", DEBUG, "--data.num_workers=0",
+            "--trainer.limit_train_batches=6", "--trainer.log_every_n_steps=50",
+            "--model.class_path=tests.helpers.bound_runs.ItemImageClassifier"]  # fmt: skip
+    monkeypatch.setenv("GPU_BUSY_STRICT_SYNCS", "1")
+    assert main(args) == 1
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("error: strict sync check failed: host-device sync: Tensor.item()")
+    assert "bound_runs.py:117" in err and "fix: log the tensor with self.log" in err, err
+    monkeypatch.setenv("GPU_BUSY_STRICT_SYNCS", "maybe")
+    assert main(args) != 0
+    assert "GPU_BUSY_STRICT_SYNCS='maybe': give 1" in capsys.readouterr().err

@@ -9,13 +9,18 @@ Example::
 
 from __future__ import annotations
 
+import inspect
 import os
 import re
+import types
+import typing
 
+import lightning.pytorch as pl
 import torch
 from lightning.pytorch.cli import LightningCLI
 
 from gpu_busy.cli.keys import given_settings, subcommand_in
+from gpu_busy.config_files import CLASS_GROUPS, import_class, named_class_path
 
 
 def argument_error_line(error: BaseException, args: list[str]) -> str:
@@ -30,6 +35,13 @@ def argument_error_line(error: BaseException, args: list[str]) -> str:
         if isinstance(value, str | int | float) and not isinstance(value, bool)
     ]
     lines = [line.strip(" -") for line in str(error).splitlines()]
+    refused = _refused_key(str(error))
+    named = [s for s in settings if s[0] == refused]
+    if refused and named:
+        key, where, value = named[-1]  # the last one given is the one parsed
+        expected = expected_type(key, args[args.index(subcommand) + 1 :] if subcommand else [])
+        if expected:
+            return f"{where}: {key}={value}: expected {expected}"
     for text in (str(innermost(error)), str(error)):
         quoted = [s for s in settings if _quotes(text, s[2])]
         if len(quoted) == 1:
@@ -37,6 +49,55 @@ def argument_error_line(error: BaseException, args: list[str]) -> str:
             line = next((x for x in lines if _quotes(x, value)), text)
             return f"{where}: {key}={value}: {line}"
     return " ".join(str(error).split())
+
+
+def _refused_key(message: str) -> str | None:
+    """The setting jsonargparse refused, by the keys its message names in order: an outer
+    key (``trainer.max_epochs``, or a class group, ``data``) and, inside a class, the
+    argument (``dataset``): ``data.dataset``."""
+    keys = re.findall(r'Parser key "([^"]+)"', message)
+    if not keys:
+        return None
+    outer, inner = keys[0], keys[-1]
+    return f"{outer}.{inner}" if outer in CLASS_GROUPS and len(keys) > 1 else outer
+
+
+def expected_type(key: str, args: list[str]) -> str | None:
+    """What ``key`` takes, from the signature it is an argument of (``Trainer``'s, or the
+    class its group names), in the words of a config file: ``int or null``, ``one of
+    synthetic, cifar10, folder``. None where the key is not a plain argument."""
+    group, _, name = key.partition(".")
+    path = named_class_path(group, args) if group in CLASS_GROUPS else None
+    try:
+        owner = pl.Trainer if group == "trainer" else import_class(path) if path else None
+        hints = typing.get_type_hints(owner.__init__) if owner else {}
+    except Exception:  # a class that cannot be imported or resolved: jsonargparse's line
+        return None
+    if name not in hints or name not in inspect.signature(owner.__init__).parameters:
+        return None
+    return _type_words(hints[name])
+
+
+def _type_words(annotation) -> str:
+    kinds, choices = [], []
+
+    def walk(t) -> None:
+        origin = typing.get_origin(t)
+        if origin in (typing.Union, types.UnionType):
+            for arg in typing.get_args(t):
+                walk(arg)
+        elif origin is typing.Literal:
+            choices.extend(str(v) for v in typing.get_args(t) if str(v) not in choices)
+        elif t is type(None):
+            kinds.append("null")
+        else:
+            kinds.append(getattr(t, "__name__", str(t)))
+
+    walk(annotation)
+    words = ([f"one of {', '.join(choices)}"] if choices else []) + [
+        k for k in kinds if k != "null"
+    ]
+    return " or ".join(words + ["null"] * ("null" in kinds))
 
 
 def _quotes(text: str, value: str) -> bool:

@@ -399,6 +399,14 @@ class FillTheDisk(Callback):
         (["--trainer.gradient_clip_val=-1"], "gradient_clip_val must be 0 or more"),
         # Lightning's own check, made inside fit once it knows the number of batches
         (["--trainer.val_check_interval=100"], "val_check_interval` (100) must be less"),
+        # a value of the wrong type: what the argument takes, from its signature
+        (["--trainer.max_epochs=three"], "trainer.max_epochs=three: expected int or null"),
+        (["--data.dataset=foo"], "data.dataset=foo: expected one of synthetic, cifar10, folder"),
+        (["--data.batch_size=1.5"], "data.batch_size=1.5: expected int"),
+        (
+            ["--model.class_path=template.data.ImageDataModule"],
+            "template.data.ImageDataModule does not correspond to a subclass of LightningModule",
+        ),
     ],
 )
 def test_a_bad_value_is_one_line(in_tmp, capsys, args, expected):

@@ -378,6 +378,26 @@ def test_the_schema_version_readme_states_is_the_one_the_reports_carry():
     assert stated == [str(SCHEMA_VERSION)], stated
 
 
+def test_the_accuracy_the_docs_promise_for_make_train_is_the_one_measured():
+    """README and GUIDE state one range for `make train`'s validation accuracy, and every
+    figure BENCHMARKS records for it lies inside."""
+    readme = (ROOT / "README.md").read_text()
+    guide = (ROOT / "docs" / "GUIDE.md").read_text()
+    said = [
+        re.search(r"validation accuracy(?: of)?\s+(0\.\d+) to (0\.\d+)", text).groups()
+        for text in (readme, guide)
+    ]
+    assert said[0] == said[1], said
+    low, high = map(float, said[0])
+    row = next(
+        line
+        for line in (ROOT / "docs" / "BENCHMARKS.md").read_text().splitlines()
+        if line.startswith("| `make train` |")
+    )
+    measured = [float(x) for x in re.findall(r"\b(0\.\d{3,4})\b", row)]
+    assert measured and all(low <= m <= high for m in measured), (row, low, high)
+
+
 def test_no_module_of_the_package_is_too_long_to_hold_in_mind():
     # A room a maintainer can live in: past 500 lines a module is split by what each part
     # is (cli/, syncs/). The sync rules are one table, each row citing its source: they

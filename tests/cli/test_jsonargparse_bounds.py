@@ -26,11 +26,12 @@ CASES = [
      "model.width?"),
     (["--config", "{tmp}/misspelt.yaml"], "{tmp}/misspelt.yaml: modle.lr is not an option; "
      "did you mean model.lr?"),
-    (["--data.batch_size=many"], "the command line: data.batch_size=many: Expected a <class "
-     "'int'>. Got value: many"),
+    (["--data.batch_size=many"], "the command line: data.batch_size=many: expected int"),
     # a setting whose value is a word of the message too ('Parser key "data"')
     (["--data.data_dir=data", "--data.batch_size=many"], "the command line: "
-     "data.batch_size=many: Expected a <class 'int'>. Got value: many"),
+     "data.batch_size=many: expected int"),
+    (["--trainer.max_epochs=three"], "the command line: trainer.max_epochs=three: expected "
+     "int or null"),
     # a constructor's own refusal: a UserError, then any other error
     (["--model.lr=-1"], "model.lr must be greater than 0, got -1.0"),
     (["--data.crop_padding=-1"], "building the trainer, model or data from the config failed "

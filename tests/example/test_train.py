@@ -144,7 +144,7 @@ def _one_error_line(capsys) -> str:
         (["--trainer.no_such_key=1"], "the command line: trainer.no_such_key is not an option"),
         (
             ["--data.batch_size=many"],
-            "the command line: data.batch_size=many: expected a <class 'int'>",
+            "the command line: data.batch_size=many: expected int",
         ),
         (["--data.batch_size=0"], "data.batch_size must be at least 1"),
         (["--model.depth=19"], "depth must be one of [18, 34]"),

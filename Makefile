@@ -5,7 +5,7 @@
 #                                         STRATEGY= is passed to Lightning by name
 # make train CONFIG=configs/cifar10.yaml ARGS="--trainer.max_epochs=1"
 # make train RUNS=/scratch/me/runs       runs (logs, checkpoints, reports) there, not in runs/
-# make test                      the CPU test suite (GPU tests too where CUDA is present)
+# make test                      the test suite: CPU tests in workers, then GPU tests alone where CUDA is
 # make test-quick                the same without the subprocess/DDP/learning tests
 # make bench [QUICK=1]           the benchmark suite; results in runs/bench/bench.json
 # make compare A=runs/default/version_0 B=runs/default/version_1 [THRESHOLD=0.05] [SYNC_THRESHOLD=0]
@@ -39,8 +39,8 @@ ARGS ?=
 # Where runs are written (the logger's save_dir); empty: what the config says (runs/).
 RUNS ?=
 PYTEST_ARGS ?=
-# One worker per core (pytest-xdist); none where CUDA is present, since the GPU tests time the
-# device (tests/conftest.py). TEST_WORKERS=0 runs the suite in this process.
+# CPU tests: one worker per core (pytest-xdist); the GPU tests run after them in one process,
+# since they time the device. TEST_WORKERS=0 runs the suite in this process.
 TEST_WORKERS ?= auto
 QUICK ?=
 # make compare: the run directories, and the largest throughput drop allowed (a fraction)
@@ -135,11 +135,12 @@ train: install
 	fi; \
 	$(PY) -m template.train fit --config $(DEFAULT_CONFIG) $$overlay $(TRAIN_FLAGS) $(ARGS)
 
+# Where CUDA is present: the CPU tests in workers, then the GPU tests alone (scripts/run_tests.py).
 test: install
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
+	$(PY) scripts/run_tests.py --workers $(TEST_WORKERS) $(PYTEST_ARGS)
 
 test-quick: install
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal -m "not slow" $(PYTEST_ARGS)
+	$(PY) scripts/run_tests.py --quick --workers $(TEST_WORKERS) $(PYTEST_ARGS)
 
 bench: install
 	$(PY) -m bench $(if $(QUICK),--quick) --out $(BENCH_OUT)

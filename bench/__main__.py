@@ -64,7 +64,10 @@ PLAN = {
 NOT_RUN = "not run (no GPU)"
 
 
-def run(device: str, quick: bool, log) -> dict:
+PARTS = ("end_to_end", "prefetch", "idle_accuracy", "overhead", "detector_cost", "host", "startup")
+
+
+def run(device: str, quick: bool, log, only: set[str] | None = None) -> dict:
     plan = PLAN["quick" if quick else "full", device]
     cuda = device == "cuda"
     results: dict = {}
@@ -91,6 +94,8 @@ def run(device: str, quick: bool, log) -> dict:
         ),
     ]
     for name, part in parts:
+        if only is not None and name not in only:
+            continue
         if part is None or isinstance(part, str):
             results[name] = part or NOT_RUN
             continue
@@ -105,92 +110,104 @@ def run(device: str, quick: bool, log) -> dict:
 def summary(results: dict, device: str) -> list[str]:
     """The short table: one row per claim, what was measured, the goal."""
     rows: list[tuple[str, str, str]] = []
-    for name, e in results["end_to_end"].items():
-        rate = e["images_per_s"]
+    if "end_to_end" in results:  # a part run (python -m bench --only ...)
+        for name, e in results["end_to_end"].items():
+            rate = e["images_per_s"]
+            rows.append(
+                (
+                    f"1 end to end ({name}): images/s",
+                    f"{rate['template']:.0f} vs plain {rate['plain']:.0f}: {e['speed_ratio']:.2f}x "
+                    f"[{min(e['speed_ratio_each']):.2f}, {max(e['speed_ratio_each']):.2f}]",
+                    "",
+                )
+            )
+            clock = "" if device == "cuda" else " (host clock)"
+            rows.append(
+                (
+                    "  idle % (template / plain)",
+                    f"{_num(e['idle_pct']['template'], '.1f')} / "
+                    f"{_num(e['idle_pct']['plain'], '.1f')}{clock}",
+                    "template < 5 (GPU)",
+                )
+            )
+            s = e["syncs"]
+            rows.append(
+                (
+                    "  syncs per steady step",
+                    f"{s['template']['steady_syncs_per_batch']:.2f} / plain "
+                    f"{s['plain']['steady_syncs_per_batch']:.2f}",
+                    "template 0",
+                )
+            )
+    if "prefetch" in results:  # a part run (python -m bench --only ...)
+        p = results["prefetch"]
+        if isinstance(p, dict):
+            w = p["workloads"]["transfer-heavy"]
+            rows.append(
+                ("2 prefetch step / max(copy, compute)", f"{w['prefetch_vs_bound']:.3f}", "<= 1.10")
+            )
+        else:
+            rows.append(("2 prefetch step / max(copy, compute)", p, "<= 1.10"))
+    if "idle_accuracy" in results:  # a part run (python -m bench --only ...)
+        a = results["idle_accuracy"]
+        if isinstance(a, list):
+            ev = max(abs(r["event_error_ms"]) for r in a)
+            tr = max(abs(r["trace_error_ms"]) for r in a if r["trace_error_ms"] is not None)
+            tol = min(r["tolerance_ms"] for r in a)
+            rows.append(
+                (
+                    "3 idle error, worst (events / trace)",
+                    f"{ev:.3f} / {tr:.3f} ms",
+                    f"<= {tol:.2f} ms",
+                )
+            )
+        else:
+            rows.append(("3 idle error, worst (events / trace)", a, "<= max(0.1 ms, 5%)"))
+    if "overhead" in results:  # a part run (python -m bench --only ...)
+        o = results["overhead"]
+        lo, hi = min(o["paired_costs"]), max(o["paired_costs"])
         rows.append(
             (
-                f"1 end to end ({name}): images/s",
-                f"{rate['template']:.0f} vs plain {rate['plain']:.0f}: {e['speed_ratio']:.2f}x "
-                f"[{min(e['speed_ratio_each']):.2f}, {max(e['speed_ratio_each']):.2f}]",
-                "",
+                "4 every callback on vs off",
+                f"{100 * o['cost']:+.1f}% [{100 * lo:+.1f}, {100 * hi:+.1f}]; "
+                f"{100 * o['cost_from_step_medians']:+.1f}% by step medians",
+                "<= 1% (GPU)",
             )
         )
-        clock = "" if device == "cuda" else " (host clock)"
+    if "detector_cost" in results:  # a part run (python -m bench --only ...)
+        d = results["detector_cost"]
         rows.append(
             (
-                "  idle % (template / plain)",
-                f"{_num(e['idle_pct']['template'], '.1f')} / {_num(e['idle_pct']['plain'], '.1f')}"
-                + clock,
-                "template < 5 (GPU)",
+                "  sync detector: watched step / amortised",
+                f"{100 * d['watched_step_cost_from_medians']:+.0f}% / "
+                f"{100 * d['amortised_cost_from_medians']:.2f}%",
+                "amortised <= 1%",
             )
         )
-        s = e["syncs"]
+    if "host" in results:  # a part run (python -m bench --only ...)
+        h = results["host"]["loop"]
         rows.append(
             (
-                "  syncs per steady step",
-                f"{s['template']['steady_syncs_per_batch']:.2f} / plain "
-                f"{s['plain']['steady_syncs_per_batch']:.2f}",
-                "template 0",
+                f"  default callbacks' host cost ({device})",
+                f"{h['fastest_ours_ms']:+.3f} ms/step, x{h['fastest_ratio']:.2f} of bare Lightning "
+                f"(fastest fits; paired x{h['ratio']:.2f} "
+                f"[{min(h['ratio_each']):.2f}, {max(h['ratio_each']):.2f}])",
+                "<= x1.10",
             )
         )
-    p = results["prefetch"]
-    if isinstance(p, dict):
-        w = p["workloads"]["transfer-heavy"]
-        rows.append(
-            ("2 prefetch step / max(copy, compute)", f"{w['prefetch_vs_bound']:.3f}", "<= 1.10")
-        )
-    else:
-        rows.append(("2 prefetch step / max(copy, compute)", p, "<= 1.10"))
-    a = results["idle_accuracy"]
-    if isinstance(a, list):
-        ev = max(abs(r["event_error_ms"]) for r in a)
-        tr = max(abs(r["trace_error_ms"]) for r in a if r["trace_error_ms"] is not None)
-        tol = min(r["tolerance_ms"] for r in a)
-        rows.append(
-            ("3 idle error, worst (events / trace)", f"{ev:.3f} / {tr:.3f} ms", f"<= {tol:.2f} ms")
-        )
-    else:
-        rows.append(("3 idle error, worst (events / trace)", a, "<= max(0.1 ms, 5%)"))
-    o = results["overhead"]
-    lo, hi = min(o["paired_costs"]), max(o["paired_costs"])
-    rows.append(
-        (
-            "4 every callback on vs off",
-            f"{100 * o['cost']:+.1f}% [{100 * lo:+.1f}, {100 * hi:+.1f}]; "
-            f"{100 * o['cost_from_step_medians']:+.1f}% by step medians",
-            "<= 1% (GPU)",
-        )
-    )
-    d = results["detector_cost"]
-    rows.append(
-        (
-            "  sync detector: watched step / amortised",
-            f"{100 * d['watched_step_cost_from_medians']:+.0f}% / "
-            f"{100 * d['amortised_cost_from_medians']:.2f}%",
-            "amortised <= 1%",
-        )
-    )
-    h = results["host"]["loop"]
-    rows.append(
-        (
-            f"  default callbacks' host cost ({device})",
-            f"{h['fastest_ours_ms']:+.3f} ms/step, x{h['fastest_ratio']:.2f} of bare Lightning "
-            f"(fastest fits; paired x{h['ratio']:.2f} "
-            f"[{min(h['ratio_each']):.2f}, {max(h['ratio_each']):.2f}])",
-            "<= x1.10",
-        )
-    )
-    st = results["startup"]
-    if isinstance(st, dict):
-        rows.append(
-            (
-                "5 CLI to first step: 1 / DDP 2",
-                f"{st['single']['to_first_step_s']:.1f} s / {st['ddp']['to_first_step_s']:.1f} s",
-                st["ddp"]["processes"],
+    if "startup" in results:  # a part run (python -m bench --only ...)
+        st = results["startup"]
+        if isinstance(st, dict):
+            rows.append(
+                (
+                    "5 CLI to first step: 1 / DDP 2",
+                    f"{st['single']['to_first_step_s']:.1f} s / "
+                    f"{st['ddp']['to_first_step_s']:.1f} s",
+                    st["ddp"]["processes"],
+                )
             )
-        )
-    else:
-        rows.append(("5 CLI to first step: 1 / DDP 2", st, ""))
+        else:
+            rows.append(("5 CLI to first step: 1 / DDP 2", st, ""))
     width = max(len(r[0]) for r in rows) + 2
     mid = max(len(r[1]) for r in rows) + 2
     lines = [f"{'claim':<{width}}{'measured':<{mid}}goal"]
@@ -206,6 +223,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer steps: a smoke test")
     parser.add_argument("--out", type=Path, default=Path("runs/bench"), help="results folder")
+    parser.add_argument(
+        "--only",
+        type=lambda text: set(text.split(",")),
+        help=f"these parts only, comma-separated ({', '.join(PARTS)}); the suite keeps within "
+        "its time by running its parts apart (scripts/gpu_suite.sh)",
+    )
     add_device_option(parser)
     args = parser.parse_args(argv)
     device = chosen_device(parser, args.device)
@@ -215,14 +238,17 @@ def main(argv: list[str] | None = None) -> int:
 
     t0 = time.perf_counter()
     results = {"machine": machine("bench", device, argv, quick=args.quick)}
-    results.update(run(device, args.quick, log))
+    if args.only and args.only - set(PARTS):
+        parser.error(f"--only: no part {sorted(args.only - set(PARTS))}; the parts: {PARTS}")
+    results.update(run(device, args.quick, log, args.only))
     results["seconds"] = time.perf_counter() - t0
-    save(results, args.out, "bench.json")
+    name = "bench.json" if not args.only else f"bench-{'-'.join(sorted(args.only))}.json"
+    save(results, args.out, name)
     m = results["machine"]
     print(
         f"\n{m['device']} ({device}); torch {m['torch']}, lightning {m['lightning']}, "
         f"python {m['python']}; {'quick' if args.quick else 'full'} run, "
-        f"{results['seconds']:.0f} s; results: {args.out / 'bench.json'}"
+        f"{results['seconds']:.0f} s; results: {args.out / name}"
     )
     print("\n".join(summary(results, device)))
     return 0

@@ -11,6 +11,7 @@ import re
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 import torch
@@ -433,3 +434,45 @@ def test_a_patch_is_undone_to_what_its_owner_held_unless_replaced_since():
     theirs = module.run = lambda: "theirs"
     undo()
     assert module.run is theirs  # putting ours back would undo theirs
+
+
+def test_on_a_gpu_runner_make_test_runs_the_cpu_tests_in_workers_then_the_gpu_tests_alone():
+    """scripts/run_tests.py with the CUDA check stood in for: two pytest runs, the CPU tests
+    in two workers and the GPU tests in one process, and one exit status for both."""
+    script = [sys.executable, str(ROOT / "scripts" / "run_tests.py"), "--workers", "2"]
+    chosen = ["tests/cli/test_log.py", "tests/gpu/test_gpu.py", "-q", "-p", "no:randomly"]
+    env = {**os.environ, "GPU_BUSY_TESTS_CUDA": "1"}
+    result = subprocess.run([*script, *chosen], capture_output=True, text=True, env=env,
+                            cwd=ROOT, timeout=HANG_S)  # fmt: skip
+    out = result.stdout
+    assert result.returncode == 0, out[-3000:]
+    cpu, gpu = out.split("GPU tests in one process: ")
+    assert cpu.startswith("CPU tests in workers: pytest -n 2 --dist worksteal -m not gpu")
+    assert "bringing up nodes" in cpu and " passed" in cpu, cpu[-500:]  # xdist's workers
+    assert gpu.startswith("pytest -p no:xdist -m gpu ") and "bringing up" not in gpu, gpu[-500:]
+    assert " skipped" in gpu  # the GPU tests, skipped here without CUDA, in one process
+    # one exit status: a failure in either run is the command's
+    failing = [*script, "--quick", "tests/cli/test_log.py", "-k", "no_such_test", "-q"]
+    assert subprocess.run(failing, capture_output=True, env=env, cwd=ROOT).returncode == 5
+
+
+@pytest.mark.slow
+def test_the_gpu_suite_keeps_within_its_total_and_says_what_it_did_not_run(tmp_path):
+    """SUITE_S=22: the first part (the default fit) is cut at what the total leaves, with
+    its line; every later part says it was not run; the required checks fail."""
+    env = {**os.environ, "SUITE_S": "22", "KILL_AFTER_S": "2"}
+    started = time.monotonic()
+    result = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_suite.sh"), str(tmp_path)],
+                            capture_output=True, text=True, env=env, timeout=HANG_S)  # fmt: skip
+    lines = result.stdout.splitlines()
+    assert time.monotonic() - started < 40, result.stdout
+    assert result.returncode == 1
+    (first,) = [line for line in lines if line.startswith("== default_fit (at most ")]
+    # 22 s less the start-up and the 2 s a SIGKILL may follow the SIGTERM by
+    limit = int(first.split("at most ")[1].split(" s)")[0])
+    assert 15 <= limit <= 20, first
+    assert f"   default_fit: not run in full (cut at {limit} s)" in lines, lines
+    later = ("gpu_tests", "host_cost", "end_to_end", "checkpoints", "bench_rest", "step_costs")
+    for name in later:
+        assert f"== {name}: not run (the suite's 22 s were spent)" in lines, (name, lines)
+    assert lines[-2].startswith("required GPU checks: 0 run, 7 skipped"), lines[-3:]

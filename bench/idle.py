@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 
 from bench.results import add_device_option, chosen_device, machine, save
-from bench.syncs import StepClock, fit
+from bench.syncs import StepEnds, fit
 from gpu_busy.callbacks import (
     IdleTimeMonitor,
     RunSummary,
@@ -179,7 +179,7 @@ def overhead(device: str, steps: int, repeats: int) -> dict:
     fit(device, 12, [])  # the first fit in a process: imports, allocator, threads
     for _ in range(repeats):  # interleaved, so drift hits both alike
         for mode in times:
-            clock = StepClock(steps)
+            clock = StepEnds(steps)
             fit(device, steps, [clock, *(everything() if mode == "on" else [])])
             first, last = clock.times
             times[mode].append(1e3 * (last - first) / (steps - 1))

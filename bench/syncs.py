@@ -62,7 +62,7 @@ from gpu_busy.callbacks import (
 )
 
 
-class StepClock(pl.Callback):
+class StepEnds(pl.Callback):
     """Host time at the end of the first and of the last step (synchronised there), and
     at the end of every step (not synchronised: per-step times for medians)."""
 
@@ -142,7 +142,7 @@ def measure_cost(device: str, steps: int, repeats: int) -> dict:
     fit(device, 12, [])  # the first fit in a process: imports, allocator, threads
     for _ in range(repeats):  # interleaved, so drift hits every mode alike
         for mode in times:
-            clock = StepClock(steps)
+            clock = StepEnds(steps)
             callbacks: list = [clock]
             if mode == "sampled":
                 detector = SyncPointDetector()

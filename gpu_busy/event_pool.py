@@ -61,10 +61,6 @@ class EventPool:
         # The prefetcher's pinning thread records events too.
         self._lock = threading.Lock()
 
-    @property
-    def in_use(self) -> int:
-        return self._created - len(self._free)
-
     def acquire(self) -> torch.cuda.Event | None:
         with self._lock:
             if self._free:

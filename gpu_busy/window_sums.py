@@ -1,6 +1,7 @@
 """Counters summed over a window of steps, sent between ranks as one flat list of numbers.
 
-Subclass it as a dataclass of int and float fields (all defaulting to zero):
+Subclass it as a dataclass of int and float fields (all defaulting to zero); a field made
+with ``largest()`` joins windows by its largest value instead of their sum (a peak):
 
 Example::
 
@@ -8,6 +9,7 @@ Example::
     class Waits(WindowSums):
         steps: int = 0
         wait_ms: float = 0.0
+        longest_ms: float = largest()
 
     window = Waits(); window.steps += 1
     done = window.take()                       # a copy; the window starts again at zero
@@ -18,17 +20,24 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import TypeVar
 
 S = TypeVar("S", bound="WindowSums")
+
+
+def largest() -> float:
+    """A float field that joins windows by its largest value (a peak), not their sum."""
+    return field(default=0.0, metadata={"join": max})
 
 
 @dataclass
 class WindowSums:
     def add(self, other: WindowSums) -> None:
         for f in fields(self):
-            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+            ours, theirs = getattr(self, f.name), getattr(other, f.name)
+            join = f.metadata.get("join")
+            setattr(self, f.name, join(ours, theirs) if join else ours + theirs)
 
     def take(self: S) -> S:
         """A copy of the sums; the sums start again from zero."""

@@ -2,7 +2,7 @@
 
 Always on: the fit's step timer (``StepClock``) gives each step's idle gap, split into
 data wait, sync stall, launch-bound and other. Exact mode: a profiler window every
-``trace_every_n_steps``, on ``request_trace()`` or when ``<run dir>/TRACE`` is touched.
+``trace_every_n_steps``, or when ``<run dir>/TRACE`` is touched.
 Figures: ``idle/*``, and at the end one table for all ranks, ``idle.json`` and ``idle.png``.
 Details: docs/GUIDE.md and docs/ARCHITECTURE.md, "Idle time".
 
@@ -82,10 +82,6 @@ class IdleTimeMonitor(Measurement):
     def timer(self) -> StepTimer | None:
         """The fit's step timer (``StepClock``'s, shared with ``ThroughputMonitor``)."""
         return self._clock.timer if self._clock is not None else None
-
-    def request_trace(self) -> None:
-        """Capture a profiler window starting at the next step."""
-        self.windows.request()
 
     # -- set-up ---------------------------------------------------------------------
 

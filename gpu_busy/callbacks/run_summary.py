@@ -48,6 +48,10 @@ class RunSummary(Measurement):
         # for another class and the run's class did not take): said again under the summary.
         self.notes: list[str] = []
 
+    def add_run_notes(self, lines: list[str]) -> None:
+        """Lines said at the start to say again under the summary (the command line's)."""
+        self.notes = list(lines)
+
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._val_seconds, self._summary = 0.0, None
         self._fit_start = time.perf_counter()

@@ -11,7 +11,6 @@ from jsonargparse import Namespace
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.cli import LightningCLI
 
-from gpu_busy.callbacks.run_summary import RunSummary
 from gpu_busy.cli.carried import leave_out_carried
 from gpu_busy.cli.checkpoints import (
     checkpoint_folders,
@@ -214,8 +213,11 @@ class TrainingCLI(LightningCLI):
             FullyShardedStrategy.check_model(self.model)  # once, before any rank starts
         self._check_checkpoint_fits_model()
         for callback in self.trainer.callbacks:
-            if isinstance(callback, RunSummary):
-                callback.notes = list(self.left_out)  # said again under the summary
+            # RunSummary says them again under the summary; named by its method, so that
+            # the command line imports no callback
+            add_notes = getattr(callback, "add_run_notes", None)
+            if callable(add_notes):
+                add_notes(self.left_out)
         logger = self.trainer.logger
         root = Path(logger.root_dir) if logger is not None else Path(self.trainer.default_root_dir)
         check_writable(root)

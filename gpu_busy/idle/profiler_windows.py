@@ -96,7 +96,7 @@ class ProfilerWindows:
         mtime = self._trigger_time()
         if mtime is not None and mtime != self._trigger_mtime:
             self._trigger_mtime = mtime
-            self._requested = True
+            self.request()
 
     def profiled(self, step: int) -> bool:
         """Whether ``step`` (counted from 0) ran under a profiler."""

@@ -20,7 +20,7 @@ import argparse
 import sys
 
 import gpu_busy.idle.causes as cause_table
-from gpu_busy.report import rounded
+from gpu_busy.report import rounded, site_location
 from gpu_busy.report.files import RunFiles
 from gpu_busy.report.picture import side_by_side
 from gpu_busy.report.verdict import decide
@@ -54,8 +54,7 @@ def top_sites(run: RunFiles, n: int = 3) -> list[str]:
     for s in ((run.syncs or {}).get("sites") or [])[:n]:
         cost = s.get("idle_after_ms_per_batch")
         cost_text = f", {cost:.3f} ms idle/batch" if cost is not None else ""
-        where = s.get("location") or f"{s.get('filename')}:{s.get('lineno')}"
-        out.append(f"{s.get('count')}x {s.get('op')} at {where}{cost_text}")
+        out.append(f"{s.get('count')}x {s.get('op')} at {site_location(s)}{cost_text}")
     return out
 
 

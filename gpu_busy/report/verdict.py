@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import gpu_busy.idle.causes as cause_table
+from gpu_busy.report import site_location
 from gpu_busy.report.idle import COPY, TRANSFER_HOST, untimed
 
 
@@ -93,8 +94,7 @@ def _costliest_sync(syncs: dict | None) -> str:
     s = sites[0]
     cost = s.get("idle_after_ms_per_batch")
     cost_text = f", {cost:.2f} ms of idle per batch after it" if cost is not None else ""
-    where = s.get("location") or f"{s.get('filename')}:{s.get('lineno')}"
-    return f" The costliest sync: {s.get('op')} at {where}{cost_text}."
+    return f" The costliest sync: {s.get('op')} at {site_location(s)}{cost_text}."
 
 
 def _transfer_text(ms: float, pct: str) -> str:

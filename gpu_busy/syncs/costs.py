@@ -38,11 +38,6 @@ class SyncTimeline:
         self.idle_since: float | None = None
         self._own_s = 0.0  # the measuring code's time since the idle began
 
-    @property
-    def waiting_for_launch(self) -> bool:
-        """True between a sync's return and the next launch: own time counts only then."""
-        return self.idle_since is not None
-
     def began(self, event: int, at: float) -> None:
         self._end_idle(at)  # the next sync owns the idle from here on
         self._calling = (event, at)

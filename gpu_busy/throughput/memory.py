@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from gpu_busy.cuda_runtime import runtime
-from gpu_busy.window_sums import WindowSums
+from gpu_busy.window_sums import WindowSums, largest
 
 GIB = 2**30
 
@@ -30,13 +30,8 @@ GIB = 2**30
 @dataclass
 class MemoryStats(WindowSums):
     windows: int = 0  # windows read
-    allocated_max: float = 0.0  # bytes: the highest window peak
-    reserved_max: float = 0.0
-
-    def add(self, other: MemoryStats) -> None:
-        self.windows += other.windows
-        self.allocated_max = max(self.allocated_max, other.allocated_max)
-        self.reserved_max = max(self.reserved_max, other.reserved_max)
+    allocated_max: float = largest()  # bytes: the highest window peak
+    reserved_max: float = largest()
 
     def gib(self) -> dict[str, float | None]:
         """The peaks in GiB; None without a window read."""

@@ -45,7 +45,7 @@ def test_back_to_back_syncs_split_the_idle_and_an_unended_idle_is_not_measured()
     costs = t.take()
     assert costs[0].idle_after_ms == pytest.approx(2.0)
     assert costs[1].host_ms == pytest.approx(0.1) and costs[1].idle_after_ms is None
-    assert not t.waiting_for_launch
+    assert t.idle_since is None  # closed: no idle left open
 
 
 def test_launches_and_own_time_outside_an_idle_change_nothing():

@@ -95,6 +95,12 @@ def _run(args: list[str] | None) -> int:
             parser_kwargs={"exit_on_error": False, "allow_abbrev": False},
             args=args,
         )
+        # Every group torn down while the interpreter is whole: at its exit, gloo's worker
+        # threads still holding work abort the process ("terminate called without an
+        # active exception", seen after a sharded 2-rank fit). After a success only: a
+        # rank that failed may leave the others inside a collective.
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
     except KeyNotAccepted as e:
         print(f"error: {e} ({_prog} fit --help lists every option)", file=sys.stderr)
         return 2

@@ -20,6 +20,7 @@ Example::
 
 from __future__ import annotations
 
+import time
 import weakref
 from typing import Any
 
@@ -53,6 +54,7 @@ class StepClock:
         self._at_end: list[Any] = []
         self._tokens: Any = None  # a subscriber's tokens(batch), where one counts them
         self.samples = 0  # every step's, timed or not (None: a batch had no size)
+        self.started = time.perf_counter()  # training's start, for the fit's monitors
         self._layer = batch_routing.Layer(f"clock-{id(self):x}", position=0)
         self._edges = (_StepEnd(self), _StepStart(self))
         # The host's time in backward() holds a slower rank's wait under DDP: timed there only
@@ -87,6 +89,10 @@ class StepClock:
         """The fit's clock, where a monitor placed one."""
         clock = _CLOCKS.get(trainer)
         return clock if clock is not None and clock._edges else None
+
+    def seconds(self) -> float:
+        """Host seconds since training started (the first monitor's on_train_start)."""
+        return time.perf_counter() - self.started
 
     def route(self, trainer: pl.Trainer) -> None:
         """The DataLoader's waits, timed below any prefetcher (again for a new loader)."""

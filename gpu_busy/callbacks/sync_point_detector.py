@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import time
 
 import lightning.pytorch as pl
 
@@ -96,7 +95,7 @@ class SyncPointDetector(Measurement):
         # next to the DataLoader: what it hands over, before any other layer moves it
         self._layer = batch_routing.Layer(f"syncs-{id(self):x}", position=-2)
         self.report: dict = {}
-        self._fit_start = 0.0
+        self._clock: StepClock | None = None
         self._first_global_step = 0
         self._made_in_init: list = []  # tensors the module keeps outside its parameters
         self._reset_run()
@@ -154,9 +153,9 @@ class SyncPointDetector(Measurement):
             # Lightning moves to the device as it does to a GPU (on a GPU run told to
             # simulate, its copies to the host must stay blocking)
             self._unwrap.callback(compat.moves_to_the_cpu_as_to_cuda())
-        self._fit_start = time.perf_counter()
         self._first_global_step = trainer.global_step
-        StepClock.subscribe(trainer, self)  # the counts ride the fit's one window
+        # the counts ride the fit's one window; its clock says when training started
+        self._clock = StepClock.subscribe(trainer, self)
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:
         if self.steps is not None:
@@ -316,7 +315,7 @@ class SyncPointDetector(Measurement):
             budget=self.schedule.budget,
             interval=self.schedule.interval,
             always_watched=self.schedule.first,
-            fit_seconds=time.perf_counter() - self._fit_start,
+            fit_seconds=self._clock.seconds() if self._clock is not None else 0.0,
         )
         self.report = report["summary"]
         if self.strict and not totals.steady_watched and trainer.is_global_zero:

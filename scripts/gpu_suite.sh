@@ -24,6 +24,7 @@ py=python3
 export PYTHONUNBUFFERED=1
 budget=${SUITE_S:-480}
 kill_after=${KILL_AFTER_S:-20}  # a part's SIGKILL after its SIGTERM, inside the total
+shortest=${SHORTEST_PART_S:-15}  # a part given less is not started
 start=$SECONDS
 rc=0
 rm -f "$out/not_run.txt"
@@ -44,7 +45,7 @@ part() {
     local limit=$1 name=$2 show=$3; shift 3
     local left=$((budget - (SECONDS - start) - kill_after))
     ((left < limit)) && limit=$left
-    if ((limit < 15)); then
+    if ((limit < shortest)); then
         echo "== $name: not run (the suite's ${budget} s were spent)" | tee -a "$out/not_run.txt"
         rc=1
         return

@@ -107,107 +107,144 @@ def run(device: str, quick: bool, log, only: set[str] | None = None) -> dict:
     return results
 
 
+Row = tuple[str, str, str]
+
+
+def _end_to_end_rows(part, device: str) -> list[Row]:
+    rows: list[Row] = []
+    for name, e in part.items():
+        rate = e["images_per_s"]
+        rows.append(
+            (
+                f"1 end to end ({name}): images/s",
+                f"{rate['template']:.0f} vs plain {rate['plain']:.0f}: {e['speed_ratio']:.2f}x "
+                f"[{min(e['speed_ratio_each']):.2f}, {max(e['speed_ratio_each']):.2f}]",
+                "",
+            )
+        )
+        clock = "" if device == "cuda" else " (host clock)"
+        rows.append(
+            (
+                "  idle % (template / plain)",
+                f"{_num(e['idle_pct']['template'], '.1f')} / "
+                f"{_num(e['idle_pct']['plain'], '.1f')}{clock}",
+                "template < 5 (GPU)",
+            )
+        )
+        s = e["syncs"]
+        rows.append(
+            (
+                "  syncs per steady step",
+                f"{s['template']['steady_syncs_per_batch']:.2f} / plain "
+                f"{s['plain']['steady_syncs_per_batch']:.2f}",
+                "template 0",
+            )
+        )
+    return rows
+
+
+def _prefetch_rows(p, device: str) -> list[Row]:
+    rows: list[Row] = []
+    if isinstance(p, dict):
+        w = p["workloads"]["transfer-heavy"]
+        rows.append(
+            ("2 prefetch step / max(copy, compute)", f"{w['prefetch_vs_bound']:.3f}", "<= 1.10")
+        )
+    else:
+        rows.append(("2 prefetch step / max(copy, compute)", p, "<= 1.10"))
+    return rows
+
+
+def _idle_accuracy_rows(a, device: str) -> list[Row]:
+    rows: list[Row] = []
+    if isinstance(a, list):
+        ev = max(abs(r["event_error_ms"]) for r in a)
+        tr = max(abs(r["trace_error_ms"]) for r in a if r["trace_error_ms"] is not None)
+        tol = min(r["tolerance_ms"] for r in a)
+        rows.append(
+            (
+                "3 idle error, worst (events / trace)",
+                f"{ev:.3f} / {tr:.3f} ms",
+                f"<= {tol:.2f} ms",
+            )
+        )
+    else:
+        rows.append(("3 idle error, worst (events / trace)", a, "<= max(0.1 ms, 5%)"))
+    return rows
+
+
+def _overhead_rows(o, device: str) -> list[Row]:
+    rows: list[Row] = []
+    lo, hi = min(o["paired_costs"]), max(o["paired_costs"])
+    rows.append(
+        (
+            "4 every callback on vs off",
+            f"{100 * o['cost']:+.1f}% [{100 * lo:+.1f}, {100 * hi:+.1f}]; "
+            f"{100 * o['cost_from_step_medians']:+.1f}% by step medians",
+            "<= 1% (GPU)",
+        )
+    )
+    return rows
+
+
+def _detector_cost_rows(d, device: str) -> list[Row]:
+    rows: list[Row] = []
+    rows.append(
+        (
+            "  sync detector: watched step / amortised",
+            f"{100 * d['watched_step_cost_from_medians']:+.0f}% / "
+            f"{100 * d['amortised_cost_from_medians']:.2f}%",
+            "amortised <= 1%",
+        )
+    )
+    return rows
+
+
+def _host_rows(part, device: str) -> list[Row]:
+    rows: list[Row] = []
+    h = part["loop"]
+    rows.append(
+        (
+            f"  default callbacks' host cost ({device})",
+            f"{h['fastest_ours_ms']:+.3f} ms/step, x{h['fastest_ratio']:.2f} of bare Lightning "
+            f"(fastest fits; paired x{h['ratio']:.2f} "
+            f"[{min(h['ratio_each']):.2f}, {max(h['ratio_each']):.2f}])",
+            "<= x1.10",
+        )
+    )
+    return rows
+
+
+def _startup_rows(st, device: str) -> list[Row]:
+    rows: list[Row] = []
+    if isinstance(st, dict):
+        rows.append(
+            (
+                "5 CLI to first step: 1 / DDP 2",
+                f"{st['single']['to_first_step_s']:.1f} s / {st['ddp']['to_first_step_s']:.1f} s",
+                st["ddp"]["processes"],
+            )
+        )
+    else:
+        rows.append(("5 CLI to first step: 1 / DDP 2", st, ""))
+    return rows
+
+
+ROWS = {
+    "end_to_end": _end_to_end_rows,
+    "prefetch": _prefetch_rows,
+    "idle_accuracy": _idle_accuracy_rows,
+    "overhead": _overhead_rows,
+    "detector_cost": _detector_cost_rows,
+    "host": _host_rows,
+    "startup": _startup_rows,
+}  # a part's rows in the table
+
+
 def summary(results: dict, device: str) -> list[str]:
-    """The short table: one row per claim, what was measured, the goal."""
-    rows: list[tuple[str, str, str]] = []
-    if "end_to_end" in results:  # a part run (python -m bench --only ...)
-        for name, e in results["end_to_end"].items():
-            rate = e["images_per_s"]
-            rows.append(
-                (
-                    f"1 end to end ({name}): images/s",
-                    f"{rate['template']:.0f} vs plain {rate['plain']:.0f}: {e['speed_ratio']:.2f}x "
-                    f"[{min(e['speed_ratio_each']):.2f}, {max(e['speed_ratio_each']):.2f}]",
-                    "",
-                )
-            )
-            clock = "" if device == "cuda" else " (host clock)"
-            rows.append(
-                (
-                    "  idle % (template / plain)",
-                    f"{_num(e['idle_pct']['template'], '.1f')} / "
-                    f"{_num(e['idle_pct']['plain'], '.1f')}{clock}",
-                    "template < 5 (GPU)",
-                )
-            )
-            s = e["syncs"]
-            rows.append(
-                (
-                    "  syncs per steady step",
-                    f"{s['template']['steady_syncs_per_batch']:.2f} / plain "
-                    f"{s['plain']['steady_syncs_per_batch']:.2f}",
-                    "template 0",
-                )
-            )
-    if "prefetch" in results:  # a part run (python -m bench --only ...)
-        p = results["prefetch"]
-        if isinstance(p, dict):
-            w = p["workloads"]["transfer-heavy"]
-            rows.append(
-                ("2 prefetch step / max(copy, compute)", f"{w['prefetch_vs_bound']:.3f}", "<= 1.10")
-            )
-        else:
-            rows.append(("2 prefetch step / max(copy, compute)", p, "<= 1.10"))
-    if "idle_accuracy" in results:  # a part run (python -m bench --only ...)
-        a = results["idle_accuracy"]
-        if isinstance(a, list):
-            ev = max(abs(r["event_error_ms"]) for r in a)
-            tr = max(abs(r["trace_error_ms"]) for r in a if r["trace_error_ms"] is not None)
-            tol = min(r["tolerance_ms"] for r in a)
-            rows.append(
-                (
-                    "3 idle error, worst (events / trace)",
-                    f"{ev:.3f} / {tr:.3f} ms",
-                    f"<= {tol:.2f} ms",
-                )
-            )
-        else:
-            rows.append(("3 idle error, worst (events / trace)", a, "<= max(0.1 ms, 5%)"))
-    if "overhead" in results:  # a part run (python -m bench --only ...)
-        o = results["overhead"]
-        lo, hi = min(o["paired_costs"]), max(o["paired_costs"])
-        rows.append(
-            (
-                "4 every callback on vs off",
-                f"{100 * o['cost']:+.1f}% [{100 * lo:+.1f}, {100 * hi:+.1f}]; "
-                f"{100 * o['cost_from_step_medians']:+.1f}% by step medians",
-                "<= 1% (GPU)",
-            )
-        )
-    if "detector_cost" in results:  # a part run (python -m bench --only ...)
-        d = results["detector_cost"]
-        rows.append(
-            (
-                "  sync detector: watched step / amortised",
-                f"{100 * d['watched_step_cost_from_medians']:+.0f}% / "
-                f"{100 * d['amortised_cost_from_medians']:.2f}%",
-                "amortised <= 1%",
-            )
-        )
-    if "host" in results:  # a part run (python -m bench --only ...)
-        h = results["host"]["loop"]
-        rows.append(
-            (
-                f"  default callbacks' host cost ({device})",
-                f"{h['fastest_ours_ms']:+.3f} ms/step, x{h['fastest_ratio']:.2f} of bare Lightning "
-                f"(fastest fits; paired x{h['ratio']:.2f} "
-                f"[{min(h['ratio_each']):.2f}, {max(h['ratio_each']):.2f}])",
-                "<= x1.10",
-            )
-        )
-    if "startup" in results:  # a part run (python -m bench --only ...)
-        st = results["startup"]
-        if isinstance(st, dict):
-            rows.append(
-                (
-                    "5 CLI to first step: 1 / DDP 2",
-                    f"{st['single']['to_first_step_s']:.1f} s / "
-                    f"{st['ddp']['to_first_step_s']:.1f} s",
-                    st["ddp"]["processes"],
-                )
-            )
-        else:
-            rows.append(("5 CLI to first step: 1 / DDP 2", st, ""))
+    """The short table: one row per claim, what was measured, the goal; the rows of the
+    parts run (all, or those of ``--only``)."""
+    rows = [row for name in PARTS if name in results for row in ROWS[name](results[name], device)]
     width = max(len(r[0]) for r in rows) + 2
     mid = max(len(r[1]) for r in rows) + 2
     lines = [f"{'claim':<{width}}{'measured':<{mid}}goal"]

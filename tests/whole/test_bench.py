@@ -69,3 +69,16 @@ def test_quick_suite_runs_on_the_cpu_without_the_example_and_ends_with_its_table
     assert host["loop"]["step_ms"]["lightning"] > host["loop"]["step_ms"]["plain"] > 0
     assert "default callbacks' host cost" in rows
     assert results["machine"]["command"].startswith("python -m bench")
+
+
+def test_a_table_of_the_parts_run_alone_has_their_rows_only():
+    """python -m bench --only host: the host cost's row, no other part's."""
+    from bench.__main__ import PARTS, main, summary
+
+    host = {"loop": {"fastest_ours_ms": 0.1, "fastest_ratio": 1.1, "ratio": 1.1,
+                     "ratio_each": [1.05, 1.15]}}  # fmt: skip
+    table = summary({"host": host, "machine": {}}, "cpu")
+    assert len(table) == 2 and "default callbacks' host cost (cpu)" in table[1], table
+    with pytest.raises(SystemExit):  # a part that does not exist: argparse's one line
+        main(["--only", "host,nope"])
+    assert "startup" in PARTS

@@ -39,8 +39,9 @@ ARGS ?=
 # Where runs are written (the logger's save_dir); empty: what the config says (runs/).
 RUNS ?=
 PYTEST_ARGS ?=
-# CPU tests: one worker per core (pytest-xdist); the GPU tests run after them in one process,
-# since they time the device. TEST_WORKERS=0 runs the suite in this process.
+# CPU tests: pytest-xdist workers, one per core and one more for the whole suite
+# (scripts/run_tests.py); the GPU tests run after them in one process, since they time the
+# device. TEST_WORKERS=0 runs the suite in this process.
 TEST_WORKERS ?= auto
 QUICK ?=
 # make compare: the run directories, and the largest throughput drop allowed (a fraction)

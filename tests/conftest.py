@@ -18,7 +18,7 @@ DEBUG = str(CONFIGS / "debug.yaml")
 # machine runs a subprocess fit several times slower than an idle one.
 HANG_S = 1800
 
-# Under `make test` the suite runs in several worker processes (pytest-xdist), one per core.
+# Under `make test` the suite runs in several worker processes (pytest-xdist), about one per core.
 # Its fits are tiny models on which a second intra-op thread only spin-waits: with two
 # workers on 2 cores, two threads each more than doubled the wall time (196 s serial, 317 s
 # two workers of two threads, 106 s two workers of one). The variable reaches the fits a

@@ -437,24 +437,45 @@ def test_a_patch_is_undone_to_what_its_owner_held_unless_replaced_since():
     assert module.run is theirs  # putting ours back would undo theirs
 
 
-def test_on_a_gpu_runner_make_test_runs_the_cpu_tests_in_workers_then_the_gpu_tests_alone():
+def test_on_a_gpu_runner_make_test_runs_the_cpu_tests_in_workers_then_the_gpu_tests_alone(
+    tmp_path,
+):
     """scripts/run_tests.py with the CUDA check stood in for: two pytest runs, the CPU tests
-    in two workers and the GPU tests in one process, and one exit status for both."""
-    script = [sys.executable, str(ROOT / "scripts" / "run_tests.py"), "--workers", "2"]
-    chosen = ["tests/cli/test_log.py", "tests/gpu/test_gpu.py", "-q", "-p", "no:randomly"]
-    env = {**os.environ, "GPU_BUSY_TESTS_CUDA": "1"}
-    result = subprocess.run([*script, *chosen], capture_output=True, text=True, env=env,
-                            cwd=ROOT, timeout=HANG_S)  # fmt: skip
+    in two workers and the GPU tests in one process, and one exit status for both. It runs
+    over a suite of two tests, one of each kind, so the check costs the workers' start-up
+    only."""
+    (tmp_path / "pytest.ini").write_text(
+        "[pytest]\nmarkers =\n    gpu: needs CUDA\n    slow: long\n"
+    )
+    (tmp_path / "test_kinds.py").write_text(
+        "import os\nimport pytest\n\n"
+        "def test_cpu():\n    assert os.environ.get('PYTEST_XDIST_WORKER')\n\n"
+        "@pytest.mark.gpu\ndef test_gpu():\n    assert not os.environ.get('PYTEST_XDIST_WORKER')\n"
+    )
+    # without the project's pytest plugin: it imports torch in every process
+    script = [sys.executable, str(ROOT / "scripts" / "run_tests.py"), "--workers", "2",
+              "-p", "no:gpu_busy"]  # fmt: skip
+    # not this run's own worker variables: the tests below read where they run
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    env["GPU_BUSY_TESTS_CUDA"] = "1"
+    result = subprocess.run(script, capture_output=True, text=True, env=env, cwd=tmp_path,
+                            timeout=HANG_S)  # fmt: skip
     out = result.stdout
     assert result.returncode == 0, out[-3000:]
     cpu, gpu = out.split("GPU tests in one process: ")
     assert cpu.startswith("CPU tests in workers: pytest -n 2 --dist worksteal -m not gpu")
-    assert "bringing up nodes" in cpu and " passed" in cpu, cpu[-500:]  # xdist's workers
-    assert gpu.startswith("pytest -p no:xdist -m gpu ") and "bringing up" not in gpu, gpu[-500:]
-    assert " skipped" in gpu  # the GPU tests, skipped here without CUDA, in one process
+    # each test asserts where it ran: the CPU one in a worker, the GPU one in this process
+    assert "created: 2/2 workers" in cpu and "1 passed" in cpu, cpu[-500:]
+    assert gpu.startswith("pytest -p no:xdist -m gpu") and "workers" not in gpu, gpu[-500:]
+    assert "1 passed, 1 deselected" in gpu, gpu[-500:]
     # one exit status: a failure in either run is the command's
-    failing = [*script, "--quick", "tests/cli/test_log.py", "-k", "no_such_test", "-q"]
-    assert subprocess.run(failing, capture_output=True, env=env, cwd=ROOT).returncode == 5
+    (tmp_path / "test_kinds.py").write_text(
+        "import pytest\n\n@pytest.mark.gpu\ndef test_gpu():\n    assert 0\n"
+    )
+    failed = subprocess.run(script, capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert failed.returncode == 1, failed.stdout[-2000:]  # the CPU run had no test: 5
+    assert subprocess.run([*script, "--quick", "-k", "no_such_test"], capture_output=True,
+                          env=env, cwd=tmp_path).returncode == 5  # fmt: skip
 
 
 @pytest.mark.slow

@@ -26,26 +26,31 @@ from tests.conftest import CONFIGS, DEBUG, DEFAULT, HANG_S, ROOT, run_entry_poin
 FSDP = str(CONFIGS / "fsdp.yaml")
 
 
-def strict_callbacks(tmp_path: Path) -> str:
+def strict_callbacks(tmp_path: Path, every_epoch: bool = False) -> str:
     """The default config's callbacks, the sync detector strict on every step, and a probe
-    of what each rank holds: an overlay file (a list in a later config replaces it)."""
+    of what each rank holds: an overlay file (a list in a later config replaces it).
+    ``every_epoch``: the best checkpoint kept for every epoch, not the best alone."""
     callbacks = yaml.safe_load(Path(DEFAULT).read_text())["trainer"]["callbacks"]
     for spec in callbacks:
         if spec["class_path"].endswith("SyncPointDetector"):
             spec["init_args"] = {"strict": True, "first_steps": 1000}
+        if spec["class_path"].endswith("BestCheckpoint") and every_epoch:
+            spec["init_args"]["save_top_k"] = -1
     callbacks.append({"class_path": "tests.helpers.sharded_probe.RecordParameters"})
     overlay = tmp_path / "strict.yaml"
     overlay.write_text(yaml.safe_dump({"trainer": {"callbacks": callbacks}}))
     return str(overlay)
 
 
-def sharded_fit(folder: Path, *args: str, devices: int = 2, subcommand: str = "fit"):
+def sharded_fit(
+    folder: Path, *args: str, devices: int = 2, subcommand: str = "fit", every_epoch=False
+):
     """The entry point on ``devices`` CPU ranks with the sharding overlay: 8 batches of 32
     a rank an epoch (on 2 ranks), every callback of the default config, strict."""
     result = run_entry_point(
         [
             subcommand, "--config", DEFAULT, "--config", DEBUG, "--config", FSDP,
-            "--config", strict_callbacks(folder),
+            "--config", strict_callbacks(folder, every_epoch),
             "--trainer.accelerator=cpu", f"--trainer.devices={devices}",
             "--data.synthetic_train_size=512", "--data.batch_size=32",
             "--trainer.limit_train_batches=8", "--trainer.log_every_n_steps=4", *args,
@@ -59,9 +64,10 @@ def sharded_fit(folder: Path, *args: str, devices: int = 2, subcommand: str = "f
 
 @pytest.fixture(scope="module")
 def two_epochs(tmp_path_factory):
-    """One sharded fit of 2 epochs on 2 ranks: runs/fsdp/version_0; its output."""
+    """One sharded fit of 2 epochs on 2 ranks: runs/fsdp/version_0, with a checkpoint of
+    each epoch's end; its output."""
     folder = tmp_path_factory.mktemp("sharded")
-    return folder, sharded_fit(folder, "--trainer.max_epochs=2")
+    return folder, sharded_fit(folder, "--trainer.max_epochs=2", every_epoch=True)
 
 
 @pytest.mark.slow
@@ -117,31 +123,26 @@ def test_the_sharded_strategy_puts_every_rank_in_the_data_parallel_dimension():
 
 @pytest.mark.slow
 def test_a_sharded_checkpoint_resumes_exactly_on_two_ranks_and_loads_on_one(two_epochs):
-    """Stopped after one epoch and resumed from its torch.distributed.checkpoint folder,
-    the run ends with the weights of the one that never stopped, bit for bit. On one rank
-    the same folder loads resharded: the weights it evaluates are the ones saved."""
+    """Resumed from the first epoch's torch.distributed.checkpoint folder, the run ends
+    with the weights of the one that never stopped, bit for bit. On one rank the same folder
+    loads resharded: the weights it evaluates are the ones saved."""
     folder, _ = two_epochs
     runs = folder / "runs" / "fsdp"
-    # version_1: the same schedule (2 epochs), stopped at the end of the first
-    sharded_fit(
-        folder, "--trainer.max_epochs=2",
-        "--trainer.callbacks+=tests.helpers.faults_probe.SaveAndStop",
-        "--trainer.callbacks.init_args.step=8", "--trainer.callbacks.init_args.at_epoch_end=true",
-    )  # fmt: skip
-    saved = runs / "version_1" / "checkpoints" / "last.ckpt"
-    assert saved.is_dir()
-    resumed = sharded_fit(folder, "--trainer.max_epochs=2", f"--ckpt_path={saved}")  # version_2
+    # version_0 is the uninterrupted run; its save at the end of epoch 0 is what a run
+    # stopped there leaves (its ModelCheckpoint's save, the same callback, the same step)
+    saved = runs / "version_0" / "checkpoints" / "best-epoch00.ckpt"
+    assert saved.is_dir() and checkpoint_file.read_checkpoint(saved)["global_step"] == 8
+    resumed = sharded_fit(folder, "--trainer.max_epochs=2", f"--ckpt_path={saved}")  # version_1
     assert f"resuming from {saved}" in resumed
-    assert json.loads((runs / "version_1" / "run.json").read_text())  # it wrote its report
     straight = torch.load(folder / "shards" / "final_0.pt", weights_only=True)
-    again = torch.load(folder / "shards" / "final_2.pt", weights_only=True)
+    again = torch.load(folder / "shards" / "final_1.pt", weights_only=True)
     assert straight.keys() == again.keys()
     assert all(torch.equal(straight[k], again[k]) for k in straight), [
         k for k in straight if not torch.equal(straight[k], again[k])
     ]
 
     # One rank: validate the same folder's weights, then train on from it.
-    with (runs / "version_1" / "metrics.csv").open() as f:
+    with (runs / "version_0" / "metrics.csv").open() as f:
         logged = [float(row["val/loss"]) for row in csv.DictReader(f) if row["val/loss"]]
     # all 128 validation images: 2 batches a rank on 2 ranks, 4 on one
     one = sharded_fit(
@@ -150,9 +151,10 @@ def test_a_sharded_checkpoint_resumes_exactly_on_two_ranks_and_loads_on_one(two_
     )  # fmt: skip
     # read from the evaluation's own metrics.csv, not the console's table (which a rich
     # progress bar draws in boxes)
-    with (runs / "version_1" / "validate-last" / "metrics.csv").open() as f:
+    (written,) = (runs / "version_0").glob("validate-*/metrics.csv")
+    with written.open() as f:
         (validated,) = [float(r["val/loss"]) for r in csv.DictReader(f) if r.get("val/loss")]
-    assert validated == pytest.approx(logged[-1], rel=1e-5), (validated, one[-2000:])
+    assert validated == pytest.approx(logged[0], rel=1e-5), (validated, one[-2000:])
     trained = sharded_fit(folder, "--trainer.max_epochs=2", f"--ckpt_path={saved}", devices=1)
     assert "resumed at step 8 over 1 process(es)" in trained
 

@@ -23,6 +23,7 @@ from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torch.distributed.tensor import DTensor
 
+from gpu_busy import lightning_compat as compat
 from gpu_busy.errors import UserError
 
 
@@ -43,7 +44,7 @@ class FullyShardedStrategy(ModelParallelStrategy):
     def setup_environment(self) -> None:
         # The world is known here (the launcher or torchrun made the processes); the
         # parent resolves "auto" to the number of nodes, which is one rank per node.
-        self._data_parallel_size = self.num_nodes * self.num_processes
+        compat.set_data_parallel_size(self, self.num_nodes * self.num_processes)
         super().setup_environment()
         # Once: slicing the mesh builds a sub-mesh from a host tensor (a .tolist() per call)
         self._ranks = self.device_mesh["data_parallel"].get_group()

@@ -13,7 +13,6 @@ Example::
 from __future__ import annotations
 
 import lightning.pytorch as pl
-from lightning.pytorch.callbacks import ModelCheckpoint
 
 from gpu_busy import lightning_compat as compat
 from gpu_busy.log import get_logger
@@ -21,7 +20,7 @@ from gpu_busy.log import get_logger
 log = get_logger(__name__)
 
 
-class BestCheckpoint(ModelCheckpoint, compat.Callback):
+class BestCheckpoint(compat.SaveGatedCheckpoint, compat.Callback):
     """``ModelCheckpoint`` that skips its saves while ``monitor`` has not been logged."""
 
     _warned = False
@@ -36,21 +35,19 @@ class BestCheckpoint(ModelCheckpoint, compat.Callback):
             self._validated = True
         super().on_validation_end(trainer, pl_module)
 
-    def _save_topk_checkpoint(self, trainer: pl.Trainer, monitor_candidates: dict) -> None:
-        # Private: ModelCheckpoint._save_topk_checkpoint (Lightning 2.0 to 2.6), where a due
-        # save first looks for the monitor among the metrics it read (and raises when it is
-        # missing after a validation). Checked here, at saves only: reading
-        # trainer.callback_metrics at every batch would convert each prog_bar metric there.
-        if self.monitor is not None and self.monitor not in monitor_candidates:
-            # A metric logged in validation only (the usual case) is missing until the first
-            # validation: say nothing before one has run, where the fit validates at all.
-            if not self._warned and (self._validated or not trainer.enable_validation):
-                self._warned = True
-                log.warning(
-                    "no best checkpoint: the model never logged %r (the monitor of the best "
-                    "checkpoint in the config); log it with self.log or change the monitor. "
-                    "Other checkpoints (last.ckpt) are written as usual",
-                    self.monitor,
-                )
-            return
-        super()._save_topk_checkpoint(trainer, monitor_candidates)
+    def save_due(self, trainer: pl.Trainer, monitor_candidates: dict) -> bool:
+        # Asked at saves only: reading trainer.callback_metrics at every batch would convert
+        # each prog_bar metric there.
+        if self.monitor is None or self.monitor in monitor_candidates:
+            return True
+        # A metric logged in validation only (the usual case) is missing until the first
+        # validation: say nothing before one has run, where the fit validates at all.
+        if not self._warned and (self._validated or not trainer.enable_validation):
+            self._warned = True
+            log.warning(
+                "no best checkpoint: the model never logged %r (the monitor of the best "
+                "checkpoint in the config); log it with self.log or change the monitor. "
+                "Other checkpoints (last.ckpt) are written as usual",
+                self.monitor,
+            )
+        return False

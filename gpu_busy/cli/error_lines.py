@@ -19,6 +19,7 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.cli import LightningCLI
 
+from gpu_busy import lightning_compat as compat
 from gpu_busy.cli.keys import given_settings, subcommand_in
 from gpu_busy.config_files import CLASS_GROUPS, import_class, named_class_path
 
@@ -122,22 +123,9 @@ def raised_outside(error: BaseException | None, package: str) -> BaseException |
     return None
 
 
-# Lightning's choice of accelerator and devices: what it refuses there is a device setting.
-_DEVICE_CHOICE = tuple(
-    os.path.join("lightning", *parts)
-    for parts in (
-        ("pytorch", "trainer", "connectors", "accelerator_connector.py"),
-        ("pytorch", "accelerators", ""),
-        ("fabric", "accelerators", ""),
-        ("fabric", "utilities", "device_parser.py"),
-    )
-)
-
-
 def raised_choosing_devices(error: BaseException) -> bool:
     """Whether Lightning refused ``error`` while choosing the accelerator and devices."""
-    where = _innermost_file(error)
-    return any(part in where for part in _DEVICE_CHOICE)
+    return compat.chooses_devices(_innermost_file(error))
 
 
 def devices_line(error: BaseException, accelerator: object, devices: object) -> str:
@@ -174,9 +162,7 @@ def raised_in_restore(error: BaseException) -> bool:
     tb = error.__traceback__
     while tb is not None:
         code = tb.tb_frame.f_code
-        if code.co_filename.endswith("checkpoint_connector.py") and code.co_name.startswith(
-            "restore"
-        ):
+        if compat.restores_a_checkpoint(code.co_filename, code.co_name):
             return True
         tb = tb.tb_next
     return False
@@ -184,8 +170,7 @@ def raised_in_restore(error: BaseException) -> bool:
 
 def raised_by_lightning(error: BaseException) -> bool:
     """Whether the innermost frame of ``error`` is Lightning's own code."""
-    where = _innermost_file(error)
-    return f"{os.sep}lightning{os.sep}" in where and "-packages" in where
+    return compat.is_lightning_file(_innermost_file(error))
 
 
 def cause_of(error: BaseException | None, kind: type | tuple[type, ...]) -> BaseException | None:

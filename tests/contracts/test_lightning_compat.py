@@ -1,10 +1,13 @@
-"""Pins the Lightning internals the template touches (all in gpu_busy/lightning_compat.py).
+"""Pins the Lightning internals the template touches (all in gpu_busy/lightning_compat/).
 
 If one of these fails after a Lightning upgrade, the attribute was renamed or removed:
-update lightning_compat.py, not the callers.
+update gpu_busy/lightning_compat/, not the callers.
 """
 
 from __future__ import annotations
+
+import inspect
+from pathlib import Path
 
 import lightning.pytorch as pl
 import pytest
@@ -12,6 +15,7 @@ from lightning.fabric.utilities.apply_func import convert_tensors_to_scalars
 
 from gpu_busy import lightning_compat as compat
 from gpu_busy.lightning_compat import is_logging_step
+from tests.helpers.lightning_privates import reaches
 from tests.helpers.trainers import quiet_trainer
 
 
@@ -230,7 +234,6 @@ def test_routing_layers_stack_by_position_and_leave_one_at_a_time():
 
 def test_training_loop_broadcasts_sigterm_through_one_method():
     """StopOnSignal replaces _TrainingEpochLoop._broadcast_sigterm_tensor per instance."""
-    import inspect
 
     from lightning.pytorch.loops.training_epoch_loop import _TrainingEpochLoop
 
@@ -505,7 +508,6 @@ def test_lightning_converts_prog_bar_values_and_logged_values_where_the_patch_ex
     module's convert_tensors_to_scalars in _ResultCollection.metrics, logger_connector.py
     converts what it hands the loggers through its own in log_metrics, and
     _LoggerConnector.progress_bar_metrics is a property over _progress_bar_metrics."""
-    import inspect
 
     from lightning.pytorch.trainer.connectors.logger_connector import logger_connector, result
 
@@ -562,7 +564,6 @@ def test_prog_bar_values_are_converted_when_read_and_put_back(tmp_path):
 
 
 def test_model_checkpoint_looks_for_its_monitor_in_save_topk_checkpoint():
-    import inspect
 
     from lightning.pytorch.callbacks import ModelCheckpoint
 
@@ -610,7 +611,6 @@ def test_without_a_chosen_profiler_the_hooks_run_unprofiled_and_a_chosen_one_sti
     """``lighter_dispatch`` replaces the default profiler's per-hook context, a generator
     around ``start`` and ``stop`` that do nothing, for the fit; a profiler a user chose keeps
     recording every hook."""
-    import inspect
 
     from lightning.pytorch.demos.boring_classes import BoringModel
     from lightning.pytorch.profilers import PassThroughProfiler, Profiler, SimpleProfiler
@@ -643,3 +643,99 @@ def test_without_a_chosen_profiler_the_hooks_run_unprofiled_and_a_chosen_one_sti
     trainer.fit(BoringModel())
     assert seen["context"] != "nullcontext"
     assert any("Look.on_train_batch_end" in action for action in simple.recorded_durations)
+
+
+def _module_of(path: Path, root: Path) -> str:
+    parts = path.relative_to(root).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def test_nothing_outside_lightning_compat_reaches_a_private_of_lightning():
+    """The one door: every private attribute, method or file of Lightning that gpu_busy
+    touches is touched in gpu_busy/lightning_compat/ (tests/helpers/lightning_privates.py
+    says what counts)."""
+    root = Path(compat.__file__).parents[2]
+    paths = [
+        p for p in sorted((root / "gpu_busy").rglob("*.py")) if "lightning_compat" not in p.parts
+    ]
+    assert reaches(paths, lambda p: _module_of(p, root)) == []
+
+
+def test_the_door_check_finds_each_way_in_and_leaves_a_classs_own_privates(tmp_path, monkeypatch):
+    (tmp_path / "reaching.py").write_text(
+        "import os\n"
+        "from lightning.pytorch.callbacks import ModelCheckpoint\n"
+        "from lightning.pytorch.strategies import ModelParallelStrategy\n"
+        "from lightning.pytorch.trainer.call import _call_callback_hooks\n\n"
+        "class Sharded(ModelParallelStrategy):\n"
+        "    def setup_environment(self):\n"
+        "        self._data_parallel_size = 2\n"
+        "        self._ranks = None\n\n"
+        "class Best(ModelCheckpoint):\n"
+        "    def _save_topk_checkpoint(self, trainer, candidates):\n"
+        "        pass\n\n"
+        "def read(trainer):\n"
+        "    where = os.path.join('lightning', 'pytorch')\n"
+        "    return trainer._logger_connector, where, 'checkpoint_connector.py'\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    found = [
+        line.split(": ", 1)[1] for line in reaches([tmp_path / "reaching.py"], lambda p: "reaching")
+    ]
+    assert sorted(found) == sorted([
+        "Sharded sets or overrides _data_parallel_size",
+        "Best sets or overrides _save_topk_checkpoint",
+        "._logger_connector",
+        "imports _call_callback_hooks",
+        "joins a path into Lightning's files",
+        "names Lightning's file 'checkpoint_connector.py'",
+    ]), found  # fmt: skip
+
+
+def test_a_sharded_strategy_builds_its_mesh_from_the_data_parallel_size_set_on_it():
+    from lightning.pytorch.strategies import ModelParallelStrategy
+
+    strategy = ModelParallelStrategy(data_parallel_size="auto", tensor_parallel_size=1)
+    assert "_data_parallel_size" in vars(strategy), "renamed: set_data_parallel_size"
+    compat.set_data_parallel_size(strategy, 4)
+    assert strategy._data_parallel_size == 4
+    # setup_environment reads it to build the mesh (resolving only "auto")
+    source = inspect.getsource(ModelParallelStrategy.setup_environment)
+    assert 'if self._data_parallel_size == "auto"' in source
+    assert "self._data_parallel_size, self._tensor_parallel_size" in source
+
+
+def test_every_top_k_save_of_model_checkpoint_passes_the_gate(tmp_path):
+    from lightning.pytorch.callbacks import ModelCheckpoint
+    from lightning.pytorch.demos.boring_classes import BoringModel
+
+    source = inspect.getsource(ModelCheckpoint)
+    assert "def _save_topk_checkpoint(self, trainer" in source
+    asked = []
+
+    class Never(compat.SaveGatedCheckpoint):
+        def save_due(self, trainer, monitor_candidates):
+            asked.append(trainer.global_step)
+            return False
+
+    gate = Never(dirpath=tmp_path, monitor="train_loss", save_top_k=2, save_last=True)
+    trainer = quiet_trainer(
+        max_epochs=2, limit_train_batches=2, callbacks=[gate], enable_checkpointing=True
+    )
+    trainer.fit(BoringModel())
+    assert asked == [2, 4]  # each epoch's save asked, none written but last.ckpt
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"]
+
+
+def test_lightnings_files_are_where_the_error_lines_look_for_them():
+    from lightning.pytorch.trainer.connectors.accelerator_connector import _AcceleratorConnector
+    from lightning.pytorch.trainer.connectors.checkpoint_connector import _CheckpointConnector
+
+    from gpu_busy.lightning_compat import files
+
+    assert compat.is_lightning_file(pl.Trainer.fit.__code__.co_filename)
+    assert not compat.is_lightning_file(__file__)
+    assert compat.chooses_devices(inspect.getsourcefile(_AcceleratorConnector))
+    assert all(Path(p).exists() for p in files._DEVICE_CHOICE), files._DEVICE_CHOICE
+    restore = _CheckpointConnector.restore_training_state.__code__
+    assert compat.restores_a_checkpoint(restore.co_filename, restore.co_name)

@@ -36,7 +36,7 @@ Counted per watched step and per steady step (not a logging step or the one afte
 Where a watched step's time goes (``per_layer``): one step outside Lightning, timed plain,
 under each of the detector's two kinds of layer left empty, and under the detector; per
 Python-level call and per aten op.
-On a CPU the detector simulates a GPU run (``SyncDetector.on_device``: host tensors are
+On a CPU the detector simulates a GPU run (``HostMemory.on_device``: host tensors are
 told apart from device tensors as a GPU run would).
 """
 

@@ -199,7 +199,7 @@ class EachItem(Iterator):
 
     Example::
 
-        route_batches(loop, lambda items: EachItem(items, detector.batch_from_host))
+        route_batches(loop, lambda items: EachItem(items, detector.memory.batch_from_host))
     """
 
     def __init__(self, items: Iterator, see: Callable[[Any], None]) -> None:

@@ -127,10 +127,10 @@ class SyncPointDetector(Measurement):
         self.detector = SyncDetector(
             device_type, origins=(logged_at.origin,), chain_hints=LIGHTNING_READS
         )
-        self._reset_run(costs=not self.detector.simulating)
+        self._reset_run(costs=not self.detector.memory.simulating)
         # On a GPU they stay on the host, where __init__ made them: each use on the device is
         # a blocking copy there, and the simulation counts it so
-        self.detector.mark_host(*self._made_in_init)
+        self.detector.memory.mark_host(*self._made_in_init)
         self._made_in_init = []
         batches = trainer.estimated_stepping_batches * trainer.accumulate_grad_batches
         if self._fit_first_to_budget and not self.schedule.plan_fit(batches):
@@ -149,7 +149,7 @@ class SyncPointDetector(Measurement):
             self._unwrap.callback(
                 compat.around_callback_hooks(self.steps.hooks_begin, self.steps.hooks_end)
             )
-        if self.detector.simulating and trainer.strategy.root_device.type == "cpu":
+        if self.detector.memory.simulating and trainer.strategy.root_device.type == "cpu":
             # Lightning moves to the device as it does to a GPU (on a GPU run told to
             # simulate, its copies to the host must stay blocking)
             self._unwrap.callback(compat.moves_to_the_cpu_as_to_cuda())
@@ -171,7 +171,7 @@ class SyncPointDetector(Measurement):
     def _read(self, batch) -> None:
         if self.steps.batch_read():  # first: the window the batch is marked in
             self._phases_seen(self.steps.watching)
-        self.detector.batch_from_host(batch)
+        self.detector.memory.batch_from_host(batch)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         if self.steps is not None:
@@ -246,7 +246,7 @@ class SyncPointDetector(Measurement):
     def _ddp_map(self, trainer: pl.Trainer) -> None:
         used_map = compat.ddp_used_parameter_map(trainer)
         if used_map is not None and self.detector is not None:
-            self.detector.copies_to_host(used_map, *DDP_USED_MAP)
+            self.detector.memory.copies_to_host(used_map, *DDP_USED_MAP)
 
     def _phase(self, name: str) -> None:
         if self.steps is not None:

@@ -43,7 +43,7 @@ from gpu_busy.syncs.memory import HostMemory, excused, tensors_of
 T = TypeVar("T")
 
 
-class SyncDetector(HostMemory):
+class SyncDetector:
     """Records host-device syncs while entered; re-enterable (events accumulate).
 
     Use ``detect_syncs(...)`` to make one. ``phase`` labels events outside backward (the
@@ -67,7 +67,7 @@ class SyncDetector(HostMemory):
         origins: tuple[Callable[[Any], tuple | None], ...] = (),
         chain_hints: tuple[tuple[str, str], ...] = (),
     ) -> None:
-        super().__init__(device_type)
+        self.memory = HostMemory(device_type)  # which tensors are device memory
         self.origins = origins
         self.chain_hints = chain_hints
         self.strict = strict
@@ -75,9 +75,9 @@ class SyncDetector(HostMemory):
         self.phase = "forward"
         self.events: list[SyncEvent] = []
         self.internal_errors = 0  # failures of the detector's own code, kept from the program
-        self._inside = 0  # >0 while a recorded op runs: what it calls is not counted again
+        self.inside = 0  # >0 while a recorded op runs: what it calls is not counted again
         self._ops: list[Any] = []  # ops in flight: their str() names CUDA's warnings
-        self._track_ops = False
+        self.tracks_ops = False  # ops are named for CUDA's warnings (its debug mode is on)
         # CUDA's warnings come late (see _cuda_debug_warnings): the calls the layers are
         # running on the entering thread, the events recorded since the outermost began,
         # whether a warning was heard in it, and the recorded calls whose warnings are
@@ -86,7 +86,7 @@ class SyncDetector(HostMemory):
         self._call_events = 0
         self._heard_in_call = False
         self._owed = 0
-        self._thread: int | None = None
+        self.thread: int | None = None  # the entering thread: where the layers' calls count
         self._stack: contextlib.ExitStack | None = None
         self.timeline = SyncTimeline()  # what each event cost, by its index in events
         self._untimed: int | None = None  # the event the next counted op runs, to be timed
@@ -96,14 +96,14 @@ class SyncDetector(HostMemory):
     def __enter__(self) -> SyncDetector:
         if self._stack is not None:
             raise RuntimeError("this SyncDetector is already active")
-        self._thread = threading.get_ident()
+        self.thread = threading.get_ident()
         stack = contextlib.ExitStack()
         try:
             stack.enter_context(synchronize_layer(self))
-            self._track_ops = self._arm_cuda()
-            if self._track_ops:
+            self.tracks_ops = self._arm_cuda()
+            if self.tracks_ops:
                 stack.enter_context(self._cuda_debug_warnings())
-            if self.simulating:
+            if self.memory.simulating:
                 stack.enter_context(optimizer_step_hooks(self))
             stack.enter_context(FunctionLayer(self))
             stack.enter_context(DispatchLayer(self))
@@ -115,7 +115,7 @@ class SyncDetector(HostMemory):
 
     def __exit__(self, *exc: Any) -> None:
         stack, self._stack = self._stack, None
-        self._inside = self._depth = self._call_events = self._owed = 0
+        self.inside = self._depth = self._call_events = self._owed = 0
         self._heard_in_call = False
         self._untimed = None
         self.timeline.close()
@@ -152,9 +152,9 @@ class SyncDetector(HostMemory):
         op is attributed to the forward line that built it). ``timed``: the op runs next,
         and ``run_op`` (or the synchronize() wrapper) times it. ``heard``: CUDA's debug mode
         reported it, after the op (it is not a sync CUDA will report again)."""
-        if self._inside and not heard:
+        if self.inside and not heard:
             return
-        if self.simulating and excused():
+        if self.memory.simulating and excused():
             return
         backward = torch._C._current_autograd_node() is not None
         phase = "backward" if backward else self.phase
@@ -166,7 +166,7 @@ class SyncDetector(HostMemory):
         event = dataclasses.replace(event, hint=hint, allowed=ALLOWED.get())
         self.events.append(event)
         self._untimed = len(self.events) - 1 if timed else None
-        if self._track_ops and (self._depth or not heard):
+        if self.tracks_ops and (self._depth or not heard):
             self._call_events += 1  # CUDA's warnings for this call are this event's
         if self.strict and event.allowed is None:
             fix = f"; fix: {event.hint}" if event.hint else ""
@@ -204,25 +204,25 @@ class SyncDetector(HostMemory):
         """
         timeline = self.timeline
         event = None
-        if counted and not self._inside:
+        if counted and not self.inside:
             event, self._untimed = self._untimed, None
         if event is not None or timeline.idle_since is not None:  # else nothing to time
             began = time.perf_counter()
             timeline.own(entered, began)
             if event is not None:
                 timeline.began(event, began)
-            elif aten and not self._inside and self.guarded(self._launches, func, args, kwargs):
+            elif aten and not self.inside and self.guarded(self._launches, func, args, kwargs):
                 timeline.launch(began)
         if counted:
-            self._inside += 1
-        scoped = self._track_ops and self.begin_call(name, python=not aten)
+            self.inside += 1
+        scoped = self.tracks_ops and self.begin_call(name, python=not aten)
         try:
             return func(*args, **kwargs)
         finally:
             if scoped:
                 self.end_call()
             if counted:
-                self._inside -= 1
+                self.inside -= 1
             if event is not None:
                 timeline.returned(time.perf_counter())
 
@@ -232,7 +232,7 @@ class SyncDetector(HostMemory):
         or, for an aten op run by a C++ binding the layers do not see (``Storage.copy_``
         in ``torch.save``), when that binding returns: always before Python makes its next
         call (``python``), so one ends what is still owed."""
-        if threading.get_ident() != self._thread:
+        if threading.get_ident() != self.thread:
             return False  # the autograd engine's thread: its warnings replay on ours
         if python and not self._depth:
             self._owed = 0
@@ -260,14 +260,14 @@ class SyncDetector(HostMemory):
         if func.is_view or func.overloadpacket in NO_KERNEL:
             return False
         device = kwargs.get("device")
-        if device is not None and torch.device(device).type == self.device_type:
-            return not self.simulating
-        return any(self.on_device(t) for t in tensors_of(args, kwargs))
+        if device is not None and torch.device(device).type == self.memory.device_type:
+            return not self.memory.simulating
+        return any(self.memory.on_device(t) for t in tensors_of(args, kwargs))
 
     # -- the CUDA layer --
 
     def _arm_cuda(self) -> bool:
-        return self.cuda_debug and debug_mode().serves(self.device_type)
+        return self.cuda_debug and debug_mode().serves(self.memory.device_type)
 
     def _cuda_debug_warnings(self) -> contextlib.AbstractContextManager:
         """CUDA's own account of the syncs, for what the rules miss.

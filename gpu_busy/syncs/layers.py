@@ -11,7 +11,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch.optim.optimizer import (
@@ -27,20 +27,60 @@ from gpu_busy.syncs.attribution import (
     OPTIMIZER_STEP,
     PACKAGE_DIR,
     TORCH_DIR,
+    SyncEvent,
     event_here,
 )
-from gpu_busy.syncs.memory import COPY
+from gpu_busy.syncs.costs import SyncTimeline
+from gpu_busy.syncs.memory import COPY, HostMemory
 from gpu_busy.syncs.rules import ATEN_RULES, BACKWARD_RULES, PYTHON_RULES, Rule
 
-# Each layer and hook holds the SyncDetector it reports to (typed Any: the detector
-# imports these layers).
-SyncDetector = Any
+
+class Detector(Protocol):
+    """What the layers use of the detector they report to: ``syncs.detector.SyncDetector``,
+    which imports these layers (``tests/syncs/test_syncs.py`` holds both to this list)."""
+
+    memory: HostMemory  # which tensors are device memory, on a GPU or simulated
+    timeline: SyncTimeline  # what each sync cost
+    phase: str  # the label of events outside backward
+    inside: int  # >0 while a recorded op runs: what it calls is the same sync
+    thread: int | None  # the thread that entered: the one whose calls count
+    tracks_ops: bool  # CUDA's debug mode is on: ops are named for its warnings
+
+    def record(
+        self,
+        op: str,
+        aten: str | None = None,
+        forward: SyncEvent | None = None,
+        hint: str = "",
+        timed: bool = True,
+        heard: bool = False,
+    ) -> None: ...
+
+    def guarded(self, fn: Callable[..., Any], *args: Any) -> Any: ...
+
+    def run_op(
+        self,
+        func: Callable,
+        args: tuple,
+        kwargs: dict,
+        name: Any,
+        counted: bool,
+        entered: float,
+        aten: bool = False,
+    ) -> Any: ...
+
+    def begin_call(self, name: Any = None, python: bool = True) -> bool: ...
+
+    def end_call(self) -> None: ...
+
+    def take_untimed(self) -> int | None: ...
+
 
 # -- layer 1: aten ops (TorchDispatchMode) ----------------------------------------------
 
 
 class DispatchLayer(TorchDispatchMode):
-    def __init__(self, detector: SyncDetector) -> None:
+    def __init__(self, detector: Detector) -> None:
         super().__init__()
         self.d = detector
 
@@ -52,17 +92,17 @@ class DispatchLayer(TorchDispatchMode):
         # the op itself for its name: str() only where a CUDA warning is heard inside it
         out = d.run_op(func, args, kwargs, func, bool(sync), entered, aten=True)
         returned = time.perf_counter() if d.timeline.idle_since is not None else None
-        if d.simulating and d._mirrors and func is COPY:
-            d.guarded(d.follow_mirror, args)
-        if d.simulating and d._host:
-            d.guarded(d.follow_inputs, args, kwargs, out)
+        if d.memory.simulating and d.memory.mirroring and func is COPY:
+            d.guarded(d.memory.follow_mirror, args)
+        if d.memory.simulating and d.memory.knows_host_tensors:
+            d.guarded(d.memory.follow_inputs, args, kwargs, out)
         if returned is not None:
             d.timeline.own(returned, time.perf_counter())
         return out
 
     def _observe(self, func, args: tuple, kwargs: dict) -> bool:
         d = self.d
-        if d._inside:
+        if d.inside:
             return False
         node = torch._C._current_autograd_node()
         backward = node.metadata.get(_BACKWARD_SYNC) if node is not None else None
@@ -74,11 +114,11 @@ class DispatchLayer(TorchDispatchMode):
                 rule, forward = backward
                 d.record(rule.label, aten=str(func), forward=forward, hint=rule.hint)
             return True
-        mirror = d.host_mirror_of(func, args)
+        mirror = d.memory.host_mirror_of(func, args)
         if mirror is not None:
             d.record(mirror[0], aten=str(func), hint=mirror[1])
             return True
-        if d._mirrors and func is _SCALAR_READ and _in_a_cpp_gradient_hook(node):
+        if d.memory.mirroring and func is _SCALAR_READ and _in_a_cpp_gradient_hook(node):
             # DDP's reducer reading its host map from its C++ hook on a parameter's
             # AccumulateGrad (reducer.cpp, autograd_hook), before the first copy has
             # shown which tensor that map is: a host read on a GPU.
@@ -86,7 +126,7 @@ class DispatchLayer(TorchDispatchMode):
         rule = ATEN_RULES.get(func.overloadpacket)
         if rule is None:
             return False
-        form, count = rule.match(d, args, kwargs)
+        form, count = rule.match(d.memory, args, kwargs)
         if count:
             d.record(form.label, aten=str(func), hint=form.hint)
         return count > 0
@@ -134,7 +174,7 @@ _RECORDED = "gpu_busy_backward_recorded"
 
 
 class FunctionLayer(TorchFunctionMode):
-    def __init__(self, detector: SyncDetector) -> None:
+    def __init__(self, detector: Detector) -> None:
         super().__init__()
         self.d = detector
 
@@ -143,7 +183,7 @@ class FunctionLayer(TorchFunctionMode):
         kwargs = kwargs or {}
         d = self.d
         rule = PYTHON_RULES.get(func)
-        if rule is None and d._track_ops:
+        if rule is None and d.tracks_ops:
             # Named: a CUDA warning heard when it returns may be a sync only CUDA saw.
             out = d.run_op(func, args, kwargs, _call_name(func), False, entered)
         elif rule is None:
@@ -157,17 +197,17 @@ class FunctionLayer(TorchFunctionMode):
         returned = time.perf_counter() if d.timeline.idle_since is not None else None
         if func in BACKWARD_RULES:
             d.guarded(self._tag_backward, BACKWARD_RULES[func], args, kwargs, out)
-        if d.simulating:
-            placed = d.guarded(d.place, func, args, kwargs, out)
+        if d.memory.simulating:
+            placed = d.guarded(d.memory.place, func, args, kwargs, out)
             out = out if placed is None else placed
         if returned is not None:
             d.timeline.own(returned, time.perf_counter())
         return out
 
     def _observe(self, rule: Rule, args: tuple, kwargs: dict) -> bool:
-        if self.d._inside:
+        if self.d.inside:
             return False
-        form, count = rule.match(self.d, args, kwargs)
+        form, count = rule.match(self.d.memory, args, kwargs)
         for _ in range(count):  # one event per sync: x[mask, idx] = 1.0 makes two
             self.d.record(form.label, hint=form.hint)
         return count > 0
@@ -175,12 +215,12 @@ class FunctionLayer(TorchFunctionMode):
     def _tag_backward(self, rule: Rule, args: tuple, kwargs: dict, out: Any) -> None:
         """Remember on the autograd node that its backward syncs, and the forward line."""
         grad_fn = getattr(out, "grad_fn", None)
-        if grad_fn is not None and rule.applies(self.d, args, kwargs):
+        if grad_fn is not None and rule.applies(self.d.memory, args, kwargs):
             grad_fn.metadata[_BACKWARD_SYNC] = (rule, event_here(rule.label, "forward", None))
 
 
 @contextlib.contextmanager
-def optimizer_step_hooks(d: SyncDetector) -> Iterator[None]:
+def optimizer_step_hooks(d: Detector) -> Iterator[None]:
     """After each optimizer step, the phase the caller named for it ends. Before each, its
     step counters are host memory where a GPU run keeps
     them there: torch.optim's Adam and its kin unless capturable or fused
@@ -194,7 +234,7 @@ def optimizer_step_hooks(d: SyncDetector) -> Iterator[None]:
             for p in group["params"]:
                 step = optimizer.state.get(p, {}).get("step")
                 if isinstance(step, torch.Tensor) and step.numel() == 1:
-                    d.mark_host(step)
+                    d.memory.mark_host(step)
 
     def stepped(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         # What runs after the step (a callback's on_train_batch_end) is not the step's.
@@ -229,17 +269,20 @@ def _call_name(func: Any) -> str:
 # -- layer 3: explicit synchronize() ---------------------------------------------------------
 
 
-def synchronize_layer(detector: SyncDetector) -> contextlib.AbstractContextManager:
+def synchronize_layer(detector: Detector) -> contextlib.AbstractContextManager:
     """The explicit synchronize() calls on the detector's thread and of its device type:
     each recorded, timed, and opened as a call whose CUDA warning (Stream.synchronize()'s)
     is this same sync."""
 
     def on_call(label: str, device: str | None, reported: bool) -> Callable | None:
-        if detector._thread != threading.get_ident() or device not in (None, detector.device_type):
+        if detector.thread != threading.get_ident() or device not in (
+            None,
+            detector.memory.device_type,
+        ):
             return None
         detector.record(label)
         event = detector.take_untimed()
-        scoped = detector._track_ops and detector.begin_call(label)
+        scoped = detector.tracks_ops and detector.begin_call(label)
 
         def returned(began: float, at: float) -> None:
             if event is not None:

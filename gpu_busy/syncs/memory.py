@@ -34,6 +34,17 @@ class HostMemory:
         self._host = WeakIdKeyDictionary()  # simulation: tensors that live on the host
         self._mirrors: dict[int, tuple[str, str]] = {}  # see copies_to_host
 
+    @property
+    def knows_host_tensors(self) -> bool:
+        """Whether any tensor is marked host memory (in the simulation): a result computed
+        from inputs needs following only then."""
+        return bool(self._host)
+
+    @property
+    def mirroring(self) -> bool:
+        """Whether a library's device tensor was given to ``copies_to_host``."""
+        return bool(self._mirrors)
+
     def on_device(self, value: Any) -> bool:
         """Whether ``value`` is device memory, the one question every rule asks.
 

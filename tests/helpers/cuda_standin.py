@@ -49,7 +49,7 @@ class StandIn:
     sets: list[int] = field(default_factory=list)  # every mode set, in order
     kernel_syncs: int = 0  # warnings raised inside kernels
     # Which tensors a GPU run would hold on the device: a read of the others is no sync
-    # (the CPU simulation's host tensors; SyncDetector.on_device answers it).
+    # (the CPU simulation's host tensors; SyncDetector.memory.on_device answers it).
     on_device: Callable[[torch.Tensor], bool] = lambda t: True
 
     def set(self, mode: int | str) -> None:

@@ -129,8 +129,8 @@ def test_every_syncing_case_through_cudas_route_is_as_many_events_as_the_case_sa
     not, one_hot's bounds check for one, and the stand-in warns at every CPU read.)"""
     t = Tensors("cpu")
     with detect_syncs(device_type="cpu") as rec:
-        rec.mark_host(*t.host())
-        standin.on_device = rec.on_device
+        rec.memory.mark_host(*t.host())
+        standin.on_device = rec.memory.on_device
         case.run(t)
     assert rec.internal_errors == 0
     assert len(rec.events) == case.syncs, [str(e) for e in rec.events]

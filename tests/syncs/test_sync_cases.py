@@ -14,7 +14,7 @@ from tests.helpers.sync_cases import CASES, Tensors
 def test_the_simulation_finds_what_a_gpu_run_waits_for(case):
     t = Tensors("cpu")
     with detect_syncs(device_type="cpu") as rec:
-        rec.mark_host(*t.host())
+        rec.memory.mark_host(*t.host())
         case.run(t)
     assert rec.internal_errors == 0
     assert len(rec.events) == case.syncs, [str(e) for e in rec.events]

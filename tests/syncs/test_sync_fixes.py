@@ -20,7 +20,7 @@ FOLLOWED_IN_A_FIT = {
 def _events(run):
     t = FixTensors("cpu")
     with detect_syncs(device_type="cpu") as rec:
-        rec.mark_host(*t.host())
+        rec.memory.mark_host(*t.host())
         run(t)
     assert rec.internal_errors == 0
     return rec.events

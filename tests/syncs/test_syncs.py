@@ -680,3 +680,33 @@ def test_readmes_test_file_for_your_own_model_passes(tmp_path):
         text=True, timeout=HANG_S,
     )  # fmt: skip
     assert result.returncode == 0 and "2 passed" in result.stdout, result.stdout[-3000:]
+
+
+def test_the_layers_use_only_the_detectors_declared_members_and_it_holds_its_memory():
+    """syncs/layers.py works against the Detector protocol; SyncDetector provides it, and
+    holds its HostMemory rather than being one."""
+    import ast
+    import inspect
+
+    from gpu_busy.syncs import layers
+    from gpu_busy.syncs.detector import SyncDetector
+    from gpu_busy.syncs.memory import HostMemory
+
+    declared = set(layers.Detector.__annotations__) | {
+        name for name, _ in inspect.getmembers(layers.Detector, inspect.isfunction)
+    }
+    detector = SyncDetector("cpu")
+    assert [name for name in declared if not hasattr(detector, name)] == []
+    assert isinstance(detector.memory, HostMemory) and not isinstance(detector, HostMemory)
+
+    def the_detector(node: ast.expr) -> bool:  # d, detector, self.d
+        return getattr(node, "id", None) in ("d", "detector") or (
+            isinstance(node, ast.Attribute) and node.attr == "d"
+        )
+
+    tree = ast.parse(inspect.getsource(layers))
+    used = {
+        n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and the_detector(n.value)
+    }
+    assert used - declared == set(), used - declared
+    assert used >= {"memory", "record", "timeline"}  # the walk sees the layers' reads

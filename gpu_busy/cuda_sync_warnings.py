@@ -130,7 +130,7 @@ class _Hook:
                     on_sync()
             return None
 
-        warnings.showwarning = showwarning
+        stack.callback(patch(warnings, "showwarning", showwarning))
         users_mode = mode.get()
         if users_mode == 0:
             mode.set("warn")

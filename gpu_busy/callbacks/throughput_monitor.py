@@ -26,6 +26,7 @@ from gpu_busy.callbacks.measurement import Measurement
 from gpu_busy.callbacks.ranks import gather_rows, log_metrics, over_ranks, publish, run_dir
 from gpu_busy.callbacks.step_clock import StepClock
 from gpu_busy.log import get_logger
+from gpu_busy.patches import patch
 from gpu_busy.report import throughput as throughput_report
 from gpu_busy.report.throughput import Flops
 from gpu_busy.throughput import (
@@ -80,7 +81,7 @@ class ThroughputMonitor(Measurement):
         self._memory: MemoryPeaks | None = None
         self._count: FlopCount | None = None
         self._counted_samples: int | None = None
-        self._wrapped: pl.LightningModule | None = None
+        self._wrapped: list[Callable[[], None]] = []  # the undos of the counted hooks
         self._window = ThroughputStats()  # since the last logging step
         self._total = ThroughputStats()  # read back over the fit
         self._window_rates: list[float] = []  # samples/s of each window, over ranks
@@ -101,7 +102,7 @@ class ThroughputMonitor(Measurement):
     # -- what the step clock calls --------------------------------------------------------
 
     def step_ended(self, samples: int | None) -> None:
-        if self._wrapped is not None:
+        if self._wrapped:
             self._unwrap()
             self._counted_samples = samples
             if self._count is not None and self._count.error:
@@ -201,15 +202,15 @@ class ThroughputMonitor(Measurement):
     def _wrap(self, pl_module: pl.LightningModule) -> None:
         """The module's own step and backward run inside the counter (an instance attribute
         over the method, removed after the step)."""
-        for hook in _COUNTED_HOOKS:
-            setattr(pl_module, hook, self._count.around(getattr(pl_module, hook)))
-        self._wrapped = pl_module
+        self._wrapped = [
+            patch(pl_module, hook, self._count.around(getattr(pl_module, hook)))
+            for hook in _COUNTED_HOOKS
+        ]
 
     def _unwrap(self) -> None:
-        if self._wrapped is not None:
-            for hook in _COUNTED_HOOKS:
-                self._wrapped.__dict__.pop(hook, None)
-        self._wrapped = None
+        for undo in self._wrapped:
+            undo()
+        self._wrapped = []
 
     def on_exception(self, trainer, pl_module, exception) -> None:
         self.teardown(trainer, pl_module, "")

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -410,6 +411,67 @@ def test_no_module_of_the_package_is_too_long_to_hold_in_mind():
         if (n := len(p.read_text().splitlines())) > 500 and p.name != "rules.py"
     }
     assert long == {}, f"modules over 500 lines: {long}"
+
+
+# Writes onto another object that are not patches.patch, each with why.
+NOT_A_PATCH = {
+    "batch_routing.py:route_batches": "swaps the loader's class for a routing subclass: "
+    "patch puts back attributes; unroute puts back the class",
+    "batch_routing.py:unroute": "puts the loader's own class back",
+    "callbacks/measurement.py:__init_subclass__": "wraps a subclass's own hooks as the class "
+    "is made: defines ours, replaces no one's",
+    "lightning_compat/hooks.py:skip_hooks": "a switch Lightning reads at every hook, flipped "
+    "at step boundaries in the callback's own __dict__: set and removed, no undo to hold",
+    "lightning_compat/logged_metrics.py:is_logging_step": "a cache entry of ours on the "
+    "Trainer, keyed by the step: nothing of Lightning's replaced",
+    "syncs/sites.py:merge": "sums another rank's counts into a site of our own table",
+}
+
+
+def _writes_onto_others(path: Path) -> set[str]:
+    """``file:function`` of each ``setattr`` on another object, ``__class__`` or
+    ``__dict__[...]`` assignment, or assignment to an imported module's attribute."""
+    tree = ast.parse(path.read_text())
+    modules = {
+        a.asname or a.name.split(".")[0]
+        for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names
+    }  # fmt: skip
+    where = str(path.relative_to(ROOT / "gpu_busy"))
+    found = set()
+
+    def writes(node: ast.AST) -> bool:
+        if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "setattr":
+            return getattr(node.args[0], "id", None) != "self"
+        targets = node.targets if isinstance(node, ast.Assign) else []
+        for t in [*targets, *([node.target] if isinstance(node, ast.AugAssign) else [])]:
+            if isinstance(t, ast.Attribute) and (
+                t.attr == "__class__" or getattr(t.value, "id", None) in modules
+            ):
+                return True
+            if isinstance(t, ast.Subscript) and getattr(t.value, "attr", "") == "__dict__":
+                return getattr(t.value.value, "id", None) != "self"
+        return False
+
+    def walk(node: ast.AST, function: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            name = (
+                getattr(child, "name", function) if isinstance(child, ast.FunctionDef) else function
+            )
+            if writes(child):
+                found.add(f"{where}:{name}")
+            walk(child, name)
+
+    walk(tree, "")
+    return found
+
+
+def test_every_runtime_replacement_goes_through_patches_patch():
+    found = set()
+    for path in (ROOT / "gpu_busy").rglob("*.py"):
+        if path.name != "patches.py":
+            found |= _writes_onto_others(path)
+    assert found - NOT_A_PATCH.keys() == set(), "use gpu_busy.patches.patch, or name why not"
+    assert NOT_A_PATCH.keys() - found == set(), "gone: take it off NOT_A_PATCH"
 
 
 def test_a_patch_is_undone_to_what_its_owner_held_unless_replaced_since():

@@ -348,6 +348,21 @@ def test_layers_mechanisms_import_no_lightning_nor_the_report_layer_and_nothing_
 
     assert [m for m in inner if m in reach(m)] == []
 
+    # Floors: the rooms of gpu_busy (its first-level modules and folders) stacked by their
+    # imports, no room importing one on its floor or above: at most 7.
+    def room(module: str) -> str:
+        return ".".join(module.split(".")[:2])
+
+    rooms: dict[str, set[str]] = {}
+    for m, names in inner.items():
+        rooms.setdefault(room(m), set()).update(room(n) for n in names if room(n) != room(m))
+
+    def floor(r: str, below: tuple[str, ...] = ()) -> int:
+        assert r not in below, f"rooms import in a cycle: {(*below, r)}"
+        return 1 + max((floor(n, (*below, r)) for n in rooms[r]), default=0)
+
+    assert max(map(floor, rooms)) <= 7, {r: floor(r) for r in rooms}
+
 
 MECHANISMS = (
     "idle", "syncs", "throughput", "faults", "resume", "prefetch", "batch_routing",

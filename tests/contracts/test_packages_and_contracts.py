@@ -416,6 +416,38 @@ def test_the_accuracy_the_docs_promise_for_make_train_is_the_one_measured():
     assert measured and all(low <= m <= high for m in measured), (row, low, high)
 
 
+def test_the_docs_state_results_in_a_readable_length():
+    # README is the front door (what moves out goes to docs/GUIDE.md); the docs state the
+    # current result and its command, and git keeps the history.
+    readme = (ROOT / "README.md").stat().st_size
+    docs = {p.name: p.stat().st_size for p in (ROOT / "docs").glob("*.md")}
+    assert readme <= 15_000, f"README.md is {readme} bytes"
+    assert readme + sum(docs.values()) <= 170_000, (readme, docs)
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a heading."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_every_link_between_the_docs_reaches_its_file_and_heading():
+    texts = {p: p.read_text() for p in [ROOT / "README.md", *(ROOT / "docs").glob("*.md")]}
+    broken = []
+    for path, text in texts.items():
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if target.startswith(("http://", "https://", "mailto:")):
+                continue
+            name, _, anchor = target.partition("#")
+            file = (path.parent / name).resolve() if name else path
+            if not file.exists():
+                broken.append((path.name, target))
+            elif anchor and file.suffix == ".md":
+                headings = re.findall(r"^#+ (.+)$", file.read_text(), re.M)
+                if anchor not in {_slug(h) for h in headings}:
+                    broken.append((path.name, target))
+    assert broken == []
+
+
 def test_no_module_of_the_package_is_too_long_to_hold_in_mind():
     # A room a maintainer can live in: past 500 lines a module is split by what each part
     # is (cli/, syncs/). The sync rules are one table, each row citing its source: they

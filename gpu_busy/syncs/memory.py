@@ -279,7 +279,7 @@ def excused() -> bool:
     """What the CPU simulation sees that a GPU run does not do, decided in this one place:
     the DataLoader's own work (num_workers=0), which handles host tensors on any machine.
 
-    Reads of host tensors are not excused here: ``SyncDetector.on_device`` never calls
+    Reads of host tensors are not excused here: ``HostMemory.on_device`` never calls
     them device memory in the first place. Lightning's batch transfer is not excused
     either: ``lightning_compat.moves_to_the_cpu_as_to_cuda`` makes it pass the
     ``non_blocking`` it passes on CUDA, and a batch class's own ``.to`` decides as it does

@@ -31,8 +31,9 @@ def test_the_plain_arm_is_what_a_first_setup_does():
 def test_quick_suite_runs_on_the_cpu_without_the_example_and_ends_with_its_table(tmp_path):
     """In a copy of the project whose example model and data are deleted: the benchmarks
     bring their own. The parts whose results are checked here; overhead and detector_cost
-    fit bench.workload through the same bench.syncs.fit as end_to_end, and CI's run of
-    README's `make bench QUICK=1` runs every part in the project itself."""
+    fit bench.workload through the same bench.syncs.fit as end_to_end, the start-up's
+    config is checked below, and CI's run of README's `make bench QUICK=1` runs every part
+    in the project itself."""
     project = tmp_path / "project"
     listed = ["git", "ls-files", "--cached", "--others", "--exclude-standard"]
     tracked = subprocess.run(listed, cwd=ROOT, capture_output=True, text=True)
@@ -42,7 +43,7 @@ def test_quick_suite_runs_on_the_cpu_without_the_example_and_ends_with_its_table
         (project / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(ROOT / name, project / name)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    parts = "end_to_end,prefetch,idle_accuracy,host,startup"
+    parts = "end_to_end,prefetch,idle_accuracy,host"
     command = [sys.executable, "-m", "bench", "--quick", "--device", "cpu"]
     done = subprocess.run(
         [*command, "--out", str(tmp_path), "--only", parts],
@@ -57,7 +58,6 @@ def test_quick_suite_runs_on_the_cpu_without_the_example_and_ends_with_its_table
     assert table[0].split() == ["claim", "measured", "goal"]
     rows = "\n".join(table)
     assert "2 prefetch" in rows and "3 idle error" in rows and rows.count("not run (no GPU)") == 2
-    assert "5 CLI to first step" in rows
     (saved,) = tmp_path.glob("bench-*.json")  # named by its parts
     results = json.loads(saved.read_text())
     assert results["prefetch"] == results["idle_accuracy"] == "not run (no GPU)"
@@ -65,7 +65,6 @@ def test_quick_suite_runs_on_the_cpu_without_the_example_and_ends_with_its_table
     # The template's step reads nothing back between logging steps; the plain one does.
     assert e2e["syncs"]["template"]["steady_syncs_per_batch"] == 0
     assert e2e["syncs"]["plain"]["steady_syncs_per_batch"] >= 1
-    assert results["startup"]["single"]["to_first_step_s"] > 0
     # The host cost: every default callback (and the plugin's save) timed, on the CPU.
     host = results["host"]
     assert {"SyncPointDetector", "StepClock", "BackgroundCheckpointIO"} <= set(
@@ -74,6 +73,25 @@ def test_quick_suite_runs_on_the_cpu_without_the_example_and_ends_with_its_table
     assert host["loop"]["step_ms"]["lightning"] > host["loop"]["step_ms"]["plain"] > 0
     assert "default callbacks' host cost" in rows
     assert results["machine"]["command"].startswith("python -m bench")
+
+
+def test_the_start_up_benchmark_launches_the_package_cli_on_its_own_workload(tmp_path):
+    """What part 5 runs: `python -m gpu_busy.cli fit` (not template.train) over a config of
+    the default trainer and callbacks with bench.workload's model and data, so it needs
+    nothing of the example."""
+    import yaml
+
+    from bench import startup
+
+    for ddp in (False, True):
+        argv, kind = startup.command(ddp, str(tmp_path))
+        assert argv[1:4] == ["-m", "gpu_busy.cli", "fit"], argv
+        written = (tmp_path / "startup.yaml").read_text()
+        config = yaml.safe_load(written)
+        assert config["model"]["class_path"] == "bench.workload.Classifier"
+        assert config["data"]["class_path"] == "bench.workload.Images"
+        assert "template." not in written and config["trainer"]["callbacks"], written
+    assert "2" in kind
 
 
 def test_a_table_of_the_parts_run_alone_has_their_rows_only():

@@ -59,7 +59,6 @@ def main(argv: list[str]) -> int:
     quick = " and not slow" if args.quick else ""
     parallel = ["-n", workers(args.workers, args.quick), "--dist", "worksteal"]
     if not cuda_present():
-        # -n auto counts the cores here too (tests/conftest.py: none where CUDA is)
         marks = ["-m", "not slow"] if args.quick else []
         return run("tests", [*pytest, *parallel, *marks, *pytest_args])
     cpu = run("CPU tests in workers", [*pytest, *parallel, "-m", f"not gpu{quick}", *pytest_args])

@@ -275,10 +275,8 @@ def synchronize_layer(detector: Detector) -> contextlib.AbstractContextManager:
     is this same sync."""
 
     def on_call(label: str, device: str | None, reported: bool) -> Callable | None:
-        if detector.thread != threading.get_ident() or device not in (
-            None,
-            detector.memory.device_type,
-        ):
+        ours = device is None or device == detector.memory.device_type
+        if detector.thread != threading.get_ident() or not ours:
             return None
         detector.record(label)
         event = detector.take_untimed()

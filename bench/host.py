@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
-import importlib
 import itertools
 import logging
 import statistics
@@ -51,6 +50,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from bench import cuda_calls
 from bench.results import chosen_device, machine, save
+from gpu_busy import defaults
 from gpu_busy import lightning_compat as compat
 from gpu_busy.callbacks.step_clock import StepClock
 from gpu_busy.cuda_runtime import replaced_by
@@ -99,14 +99,10 @@ def _loader(steps: int, seed: int = 0) -> DataLoader:
 
 
 def default_config_parts() -> tuple[list[pl.Callback], list[Any]]:
-    """The callbacks and plugins ``configs/default.yaml`` lists, built from it."""
-    trainer = yaml.safe_load(CONFIG.read_text())["trainer"]
-
-    def build(spec: dict) -> Any:
-        module, _, name = spec["class_path"].rpartition(".")
-        return getattr(importlib.import_module(module), name)(**spec.get("init_args", {}))
-
-    return [build(c) for c in trainer["callbacks"]], [build(p) for p in trainer["plugins"]]
+    """The callbacks and plugins ``make train`` gets: ``gpu_busy.defaults()`` with the
+    options ``configs/default.yaml`` gives it."""
+    parts = defaults(**yaml.safe_load(CONFIG.read_text())["gpu_busy"])
+    return parts["callbacks"], parts["plugins"]
 
 
 class _StepEnds(pl.Callback):

@@ -4,6 +4,7 @@ figures over ranks and writes them once."""
 
 from gpu_busy.callbacks.best_checkpoint import BestCheckpoint
 from gpu_busy.callbacks.checkpoint_rng_state import CheckpointRngState
+from gpu_busy.callbacks.every_rank import EveryRankAttached
 from gpu_busy.callbacks.idle_time_monitor import IdleTimeMonitor
 from gpu_busy.callbacks.nonfinite_loss import StopOnNonFiniteLoss
 from gpu_busy.callbacks.progress_bar import LoggingStepProgressBar
@@ -17,6 +18,7 @@ from gpu_busy.callbacks.throughput_monitor import ThroughputMonitor
 __all__ = [
     "BestCheckpoint",
     "CheckpointRngState",
+    "EveryRankAttached",
     "IdleTimeMonitor",
     "LoggingStepProgressBar",
     "RunSummary",

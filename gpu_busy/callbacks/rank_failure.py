@@ -19,18 +19,22 @@ import os
 import sys
 import uuid
 from collections.abc import Callable
-from datetime import timedelta
 
 import lightning.pytorch as pl
 import torch
 import torch.distributed as dist
 
 from gpu_busy import lightning_compat as compat
+from gpu_busy.callbacks.ranks import group_store
 from gpu_busy.faults.peer_watch import PeerWatch, failure_line, lost_a_peer
 from gpu_busy.faults.training_stopped import TrainingStopped
 from gpu_busy.log import get_logger
 
 log = get_logger(__name__)
+
+
+def _nothing() -> None:
+    """Nothing to undo (a module function, not a lambda: the callback pickles for ddp_spawn)."""
 
 
 class StopOnRankFailure(compat.Callback):
@@ -49,7 +53,7 @@ class StopOnRankFailure(compat.Callback):
         self.peer_timeout, self.poll_interval = peer_timeout, poll_interval
         self.watch: PeerWatch | None = None
         self._store = None
-        self._undo_observer: Callable[[], None] = lambda: None
+        self._undo_observer: Callable[[], None] = _nothing
         self._trainer: pl.Trainer | None = None
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -59,15 +63,10 @@ class StopOnRankFailure(compat.Callback):
         rank = trainer.global_rank
         environment = trainer.strategy.cluster_environment
         host, port = environment.main_address, environment.main_port
-        # Every rank is a client of the store the process group already runs (MASTER_ADDR:
-        # MASTER_PORT), under a prefix of this fit's own: no second listening port, so
-        # nothing new to reach, and nothing to authenticate beyond what the group exposes.
         prefix = trainer.strategy.broadcast(f"gpu_busy/peer_watch/{uuid.uuid4().hex}/", src=0)
         error = None
         try:
-            client = dist.TCPStore(host, port, is_master=False,
-                                   timeout=timedelta(seconds=self.peer_timeout))  # fmt: skip
-            self._store = dist.PrefixStore(prefix, client)
+            self._store = group_store(trainer, prefix, self.peer_timeout)
         except Exception as e:  # the group's store is not a TCPStore there: train on, unwatched
             error = e
         # All ranks watch, or none: a rank without a heartbeat would be declared dead.
@@ -107,7 +106,7 @@ class StopOnRankFailure(compat.Callback):
             self.watch.finish()
             self.watch = None
         self._undo_observer()
-        self._undo_observer = lambda: None
+        self._undo_observer = _nothing
 
     def _stop_for(self, rank: int, reason: str) -> None:
         """Another rank failed: say so once, and leave (the main thread may be stuck in a

@@ -13,6 +13,7 @@ Example::
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,19 @@ def gather_objects(trainer: pl.Trainer, obj: Any) -> list:
     out: list = [None] * trainer.world_size
     torch.distributed.all_gather_object(out, obj)
     return out
+
+
+def group_store(trainer: pl.Trainer, prefix: str, timeout: float) -> Any:
+    """A client of the store the process group already runs (MASTER_ADDR:MASTER_PORT), under
+    ``prefix``: no second listening port, so nothing new to reach, and nothing to
+    authenticate beyond what the group exposes. Talking to it is no collective: a rank can
+    use it where the others may not be listening. Raises where that store is out of reach."""
+    environment = trainer.strategy.cluster_environment
+    client = torch.distributed.TCPStore(
+        environment.main_address, environment.main_port, is_master=False,
+        timeout=timedelta(seconds=timeout),
+    )  # fmt: skip
+    return torch.distributed.PrefixStore(prefix, client)
 
 
 def over_ranks(per_rank: list[dict[str, float | None]], prefix: str) -> dict[str, float | None]:

@@ -36,6 +36,7 @@ from gpu_busy.cli.preflight import (
     resolve_precision,
 )
 from gpu_busy.config_files import CLASS_GROUPS, import_class
+from gpu_busy.default_set import Options, complete
 from gpu_busy.errors import UserError
 from gpu_busy.faults.log_writes import guard_log_writes
 from gpu_busy.log import current_rank, get_logger
@@ -71,6 +72,22 @@ class TrainingCLI(LightningCLI):
         parser.link_arguments(
             "data.num_classes", "model.init_args.num_classes", apply_on="instantiate"
         )
+        # The default set's options (gpu_busy.defaults): `gpu_busy:` in the config,
+        # --gpu_busy.monitor=... on the command line.
+        parser.add_class_arguments(Options, "gpu_busy", fail_untyped=False)
+
+    def instantiate_trainer(self, **kwargs: Any):
+        """The Trainer with the default set added by the rule every run uses
+        (``gpu_busy.default_set.complete``): a kind the config lists stays as listed."""
+        section = self.config_init[self.subcommand] if self.subcommand else self.config_init
+        trainer, options = section["trainer"], section.get("gpu_busy")
+        done = complete(
+            trainer.get("callbacks"), trainer.get("plugins"), settings=dict(trainer),
+            **(vars(options) if options is not None else {}),
+        )  # fmt: skip
+        if current_rank() == 0:
+            log.info("%s", done.line())
+        return super().instantiate_trainer(**{**kwargs, **done.trainer_kwargs})
 
     def parse_arguments(self, parser, args) -> None:
         raw = list(sys.argv[1:] if args is None else args)

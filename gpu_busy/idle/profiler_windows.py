@@ -17,6 +17,7 @@ Example::
 
 from __future__ import annotations
 
+import functools
 import tempfile
 import time
 from collections.abc import Callable
@@ -28,19 +29,19 @@ from gpu_busy.idle.trace import analyze_trace
 
 
 def torch_profiler(steps: int, cuda: bool) -> Callable[[Callable[[Any], None]], Any]:
-    """Makes a ``torch.profiler.profile`` that warms up one step and records ``steps``."""
+    """Makes a ``torch.profiler.profile`` that warms up one step and records ``steps``; a
+    partial of a module function, so that a callback holding it pickles (``ddp_spawn``)."""
+    return functools.partial(_profile, steps=steps, cuda=cuda)
+
+
+def _profile(on_trace_ready: Callable[[Any], None], steps: int, cuda: bool) -> Any:
     from torch.profiler import ProfilerActivity, profile, schedule
 
-    activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]
-
-    def make(on_trace_ready: Callable[[Any], None]) -> Any:
-        return profile(
-            activities=activities,
-            schedule=schedule(wait=0, warmup=1, active=steps, repeat=1),
-            on_trace_ready=on_trace_ready,
-        )
-
-    return make
+    return profile(
+        activities=[ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])],
+        schedule=schedule(wait=0, warmup=1, active=steps, repeat=1),
+        on_trace_ready=on_trace_ready,
+    )
 
 
 @dataclass

@@ -44,6 +44,10 @@ def _plain(t: torch.Tensor) -> bool:
     )
 
 
+def _on_cuda(storage: torch.UntypedStorage) -> bool:
+    return storage.device.type == "cuda"
+
+
 class StateSnapshot:
     """Host buffers for a checkpoint's tensors, reused while its layout stays the same.
 
@@ -56,9 +60,22 @@ class StateSnapshot:
         self, cuda: Any = torch.cuda, on_device: Callable[[torch.Tensor], bool] | None = None
     ) -> None:
         self._cuda = cuda
-        self._on_device = on_device or (lambda s: s.device.type == "cuda")
+        self._on_device = on_device or _on_cuda
         self._buffers: list[torch.UntypedStorage] = []
         self._streams: dict[torch.device, Any] = {}
+
+    def __getstate__(self) -> dict:
+        # A plugin is pickled with the Trainer under ddp_spawn, before any save: the
+        # buffers and streams are per process; a module pickles by its name.
+        state = {**self.__dict__, "_buffers": [], "_streams": {}}
+        if state["_cuda"] is torch.cuda:
+            state["_cuda"] = None
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        if self._cuda is None:
+            self._cuda = torch.cuda
 
     @property
     def bytes(self) -> int:

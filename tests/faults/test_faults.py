@@ -147,6 +147,7 @@ def test_sigterm_saves_a_checkpoint_that_resumes_exactly(in_tmp, capsys):
     # saves (after step 4) are still in flight when the signal comes.
     result = run_entry_point(
         [*RUN, "--trainer.logger.init_args.name=split",
+         "--trainer.plugins=gpu_busy.checkpoint_io.BackgroundCheckpointIO",
          "--trainer.plugins.init_args.background=true",
          "--trainer.callbacks+=tests.helpers.faults_probe.SlowCheckpointWrites",
          "--trainer.callbacks.init_args.seconds=1",

@@ -9,12 +9,9 @@ Example::
 
 from __future__ import annotations
 
-import importlib
-from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
-import yaml
 
 QUIET: dict[str, Any] = {
     "accelerator": "cpu",
@@ -33,17 +30,12 @@ def quiet_trainer(**settings: Any) -> pl.Trainer:
 
 
 def default_callbacks(first_steps: int = 1000) -> list[pl.Callback]:
-    """The measuring package's callbacks as configs/default.yaml lists them, the sync
-    detector watching the first ``first_steps`` batches (every batch of a short fit)."""
-    from tests.conftest import DEFAULT
+    """The measuring package's default set without checkpoints (these fits write none), the
+    sync detector watching the first ``first_steps`` batches (every batch of a short fit)."""
+    from gpu_busy import defaults
+    from gpu_busy.callbacks import SyncPointDetector
 
-    out = []
-    for spec in yaml.safe_load(Path(DEFAULT).read_text())["trainer"]["callbacks"]:
-        module, name = spec["class_path"].rsplit(".", 1)
-        if not module.startswith("gpu_busy") or name == "BestCheckpoint":
-            continue  # these fits write no checkpoints
-        args = dict(spec.get("init_args") or {})
-        if name == "SyncPointDetector":
-            args["first_steps"] = first_steps
-        out.append(getattr(importlib.import_module(module), name)(**args))
-    return out
+    return [
+        SyncPointDetector(first_steps=first_steps) if isinstance(c, SyncPointDetector) else c
+        for c in defaults()["callbacks"]
+    ]

@@ -398,6 +398,7 @@ def test_a_later_good_write_of_the_same_file_makes_the_failure_history(tmp_path,
 # these runs force the background writer, as a GPU run gets it.
 RUN = ["fit", "--config", DEFAULT, "--config", DEBUG, "--trainer.max_epochs=3",
        "--trainer.limit_train_batches=null",
+       "--trainer.plugins=gpu_busy.checkpoint_io.BackgroundCheckpointIO",
        "--trainer.plugins.init_args.background=true"]  # fmt: skip
 
 

@@ -1,7 +1,7 @@
 """Keep the GPU busy and see where it waits: Lightning callbacks over plain mechanisms.
 
 - ``gpu_busy.defaults()``: the whole default set, as ``Trainer`` arguments; ``gpu_busy.complete``
-  adds it to callbacks and plugins of your own (``gpu_busy.default_set``);
+  adds it to callbacks and plugins of your own (``gpu_busy.callbacks.default_set``);
 - ``python -m gpu_busy run train.py``: any Lightning script, unchanged, with the default set
   (``gpu_busy.launcher``);
 - ``gpu_busy.callbacks``: the Lightning callbacks one by one (prefetch, sync detection, idle
@@ -24,7 +24,7 @@ def __getattr__(name: str) -> Any:
     # Imported on first use: `import gpu_busy.prefetch` and the other mechanisms import no
     # Lightning, and the package itself must not either.
     if name in __all__:
-        from gpu_busy import default_set
+        from gpu_busy.callbacks import default_set
 
         return getattr(default_set, name)
     raise AttributeError(f"module 'gpu_busy' has no attribute {name!r}")

@@ -69,9 +69,10 @@ class EveryRankAttached(compat.Callback):
         for r in range(world):
             theirs = store.get(str(r)).decode()
             if theirs != mine:
-                _stop(trainer, rank == 0, (
-                    f"rank {r} runs other gpu_busy callbacks than rank {rank} ({theirs or 'none'}"
-                    f" there, {mine} here): give every rank the same set; stopped at set-up"))
+                line = (f"rank {r} runs other gpu_busy callbacks than rank {rank} ("
+                        f"{theirs or 'none'} there, {mine} here): give every rank the same set; "
+                        "stopped at set-up")  # fmt: skip
+                _stop(trainer, rank == 0, line)
 
 
 def _stop(trainer: pl.Trainer, speak: bool, line: str) -> None:

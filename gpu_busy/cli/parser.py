@@ -11,6 +11,7 @@ from jsonargparse import Namespace
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.cli import LightningCLI
 
+from gpu_busy.callbacks.default_set import Options, complete
 from gpu_busy.cli.carried import leave_out_carried
 from gpu_busy.cli.checkpoints import (
     checkpoint_folders,
@@ -36,7 +37,6 @@ from gpu_busy.cli.preflight import (
     resolve_precision,
 )
 from gpu_busy.config_files import CLASS_GROUPS, import_class
-from gpu_busy.default_set import Options, complete
 from gpu_busy.errors import UserError
 from gpu_busy.faults.log_writes import guard_log_writes
 from gpu_busy.log import current_rank, get_logger
@@ -78,7 +78,7 @@ class TrainingCLI(LightningCLI):
 
     def instantiate_trainer(self, **kwargs: Any):
         """The Trainer with the default set added by the rule every run uses
-        (``gpu_busy.default_set.complete``): a kind the config lists stays as listed."""
+        (``gpu_busy.callbacks.default_set.complete``): a kind the config lists stays as listed."""
         section = self.config_init[self.subcommand] if self.subcommand else self.config_init
         trainer, options = section["trainer"], section.get("gpu_busy")
         done = complete(

@@ -42,6 +42,7 @@ from gpu_busy.lightning_compat.loops import (
 from gpu_busy.lightning_compat.overrides import SaveGatedCheckpoint, set_data_parallel_size
 from gpu_busy.lightning_compat.processes import (
     child_exit_codes,
+    children_run_through,
     ddp_used_parameter_map,
     defer_child_observer,
     keep_handlers_past_teardown,
@@ -52,7 +53,8 @@ from gpu_busy.lightning_compat.processes import (
 
 __all__ = [
     "BATCH_HOOKS", "Callback", "LoggedAt", "SaveGatedCheckpoint", "around_callback_hooks",
-    "child_exit_codes", "chooses_devices", "combined_loader", "ddp_used_parameter_map",
+    "child_exit_codes", "children_run_through", "chooses_devices", "combined_loader",
+    "ddp_used_parameter_map",
     "defer_child_observer", "epoch_position", "fetched_ahead", "fetcher_counts",
     "is_lightning_file", "is_logging_step", "keep_handlers_past_teardown", "lighter_dispatch",
     "logger_step", "metrics_at_last_step_end", "moves_to_the_cpu_as_to_cuda",

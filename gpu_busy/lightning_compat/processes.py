@@ -122,3 +122,32 @@ def defer_child_observer() -> Callable[[], None]:
             each()
 
     return undo
+
+
+def children_run_through(launcher_argv: list[str]) -> Callable[[], None]:
+    """Have Lightning's DDP launcher start a node's other ranks as ``launcher_argv`` followed
+    by this process's arguments (``sys.argv[1:]``), instead of the script alone. Returns
+    the undo.
+
+    Lightning's launcher starts local ranks 1..n-1 by running the command of this process
+    again; a script run through ``python -m gpu_busy run`` is ``__main__`` there, and would
+    be run bare.
+    """
+    import sys
+
+    from lightning.fabric.strategies.launchers import subprocess_script as fabric_launcher
+    from lightning.pytorch.strategies.launchers import subprocess_script as launcher
+
+    def command() -> list[str]:
+        return [*launcher_argv, *sys.argv[1:]]
+
+    # Undocumented: subprocess_script._basic_subprocess_cmd (Lightning 2.0 to 2.6), a module
+    # function each launcher module looks up when it starts the other ranks (Hydra's
+    # variant, _hydra_subprocess_cmd, is left as it is: see docs/GUIDE.md).
+    undo = [patch(m, "_basic_subprocess_cmd", command) for m in (launcher, fabric_launcher)]
+
+    def undo_all() -> None:
+        for u in undo:
+            u()
+
+    return undo_all

@@ -83,8 +83,13 @@ def _last(options: Options) -> ModelCheckpoint:
     return ModelCheckpoint(filename="last", save_top_k=1, enable_version_counter=False)
 
 
+def _prefetch_on(options: Options, settings: dict) -> bool:
+    return options.prefetch
+
+
 # In the order a Trainer gets them: the rank check first, since it must run before any
 # other callback's set-up makes a collective call.
+# fmt: off
 CALLBACKS: tuple[Default, ...] = (
     Default("EveryRankAttached", EveryRankAttached, lambda o: EveryRankAttached()),
     Default("BestCheckpoint", ModelCheckpoint, _best, _checkpoints_on),
@@ -92,21 +97,23 @@ CALLBACKS: tuple[Default, ...] = (
     Default("CheckpointRngState", cb.CheckpointRngState, lambda o: cb.CheckpointRngState()),
     # refreshed at most every 0.5 s; logged metrics reach it without a wait
     Default("LoggingStepProgressBar", ProgressBar,
-            lambda o: cb.LoggingStepProgressBar(refresh_rate=10), _bar_on),  # fmt: skip
+            lambda o: cb.LoggingStepProgressBar(refresh_rate=10), _bar_on),
     Default("StreamPrefetcher", cb.StreamPrefetcher, lambda o: cb.StreamPrefetcher(),
-            lambda options, settings: options.prefetch),  # fmt: skip
+            _prefetch_on),
     Default("StopOnSignal", cb.StopOnSignal, lambda o: cb.StopOnSignal()),
     Default("StopOnNonFiniteLoss", cb.StopOnNonFiniteLoss, lambda o: cb.StopOnNonFiniteLoss()),
     Default("StopOnRankFailure", cb.StopOnRankFailure,
-            lambda o: cb.StopOnRankFailure(peer_timeout=o.peer_timeout)),  # fmt: skip
+            lambda o: cb.StopOnRankFailure(peer_timeout=o.peer_timeout)),
     Default("SyncPointDetector", cb.SyncPointDetector,
-            lambda o: cb.SyncPointDetector(strict=o.strict)),  # fmt: skip
+            lambda o: cb.SyncPointDetector(strict=o.strict)),
     Default("IdleTimeMonitor", cb.IdleTimeMonitor, lambda o: cb.IdleTimeMonitor()),
     Default("ThroughputMonitor", cb.ThroughputMonitor, lambda o: cb.ThroughputMonitor()),
     Default("RunSummary", cb.RunSummary, lambda o: cb.RunSummary()),
 )
+# fmt: on
 # Checkpoints staged beside their target and renamed into place, written by a background
-# thread from a snapshot of the state: training waits only for the snapshot.
+# thread from a snapshot of the state: training waits only for the snapshot
+# (gpu_busy.checkpoint_io.AtomicCheckpointIO instead: the loop waits for the whole write).
 PLUGINS: tuple[Default, ...] = (
     Default("BackgroundCheckpointIO", CheckpointIO, lambda o: BackgroundCheckpointIO()),
 )

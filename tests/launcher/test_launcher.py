@@ -1,0 +1,231 @@
+"""``python -m gpu_busy run``: scripts of others, unchanged, with the default set.
+
+``lightning_examples/`` holds Lightning's own example scripts exactly as Lightning ships them
+(examples/pytorch at commit 7f0c3436 of Lightning-AI/pytorch-lightning, Apache-2.0): the
+MNIST they would download is written beside them, small and synthetic, where their own code
+looks for it. ``scripts/user_train.py`` is a plain script as users write them.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import HANG_S, ROOT
+
+HERE = Path(__file__).parent
+USER = HERE / "scripts" / "user_train.py"
+ADDED = "gpu_busy: added"
+
+
+def _env(**extra: str) -> dict[str, str]:
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1", **extra}
+    for name in ("GPU_BUSY_STRICT_SYNCS", "GPU_BUSY_MONITOR", "LOCAL_RANK", "RANK"):
+        if name not in extra:
+            env.pop(name, None)
+    return env
+
+
+def launch(args: list[str], cwd: Path, bare: bool = False, **env: str):
+    """``python -m gpu_busy run ARGS`` (``bare``: ``python ARGS``, as without the launcher)."""
+    command = [sys.executable, *([] if bare else ["-m", "gpu_busy", "run"]), *args]
+    return subprocess.run(command, cwd=cwd, env=_env(**env), capture_output=True, text=True,
+                          timeout=HANG_S)  # fmt: skip
+
+
+def _mnist(root: Path) -> None:
+    """What Lightning's demo MNIST loads (``<root>/MNIST/complete/*.pt``), drawn: 60,000
+    training images, since the examples split them 55,000/5,000."""
+    folder = root / "MNIST" / "complete"
+    folder.mkdir(parents=True)
+    g = torch.Generator().manual_seed(0)
+    for name, n in (("training.pt", 60_000), ("test.pt", 10_000)):
+        images = torch.randint(0, 256, (n, 28, 28), dtype=torch.uint8, generator=g)
+        torch.save((images, torch.randint(0, 10, (n,), generator=g)), folder / name)
+
+
+def _example(tmp_path: Path, name: str) -> Path:
+    """The example copied unchanged to <tmp>/examples/basics/, so that its DATASETS_PATH
+    (two folders up) is <tmp>/Datasets."""
+    folder = tmp_path / "examples" / "basics"
+    folder.mkdir(parents=True)
+    shutil.copy(HERE / "lightning_examples" / name, folder / name)
+    return folder / name
+
+
+SHORT = ["--trainer.accelerator=cpu", "--trainer.max_epochs=1", "--trainer.limit_train_batches=8",
+         "--trainer.limit_val_batches=2", "--trainer.limit_test_batches=2",
+         "--trainer.limit_predict_batches=2", "--trainer.log_every_n_steps=2"]  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["autoencoder.py", "backbone_image_classifier.py"])
+def test_lightnings_cli_examples_run_unchanged_with_the_summary(tmp_path, name):
+    script = _example(tmp_path, name)
+    _mnist(tmp_path / "Datasets")
+    # Lightning's switch for its own tests: its demo MNIST, read from DATASETS_PATH
+    result = launch([str(script), *SHORT], cwd=tmp_path, PL_USE_MOCKED_MNIST="1")
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out[-3000:]
+    assert out.count(ADDED) == 1, out[-3000:]  # one Trainer: its fit, test and predict
+    assert "fit done" in out and "sync points:" in out, out[-3000:]
+    reports = list((tmp_path / "lightning_logs").glob("version_*/run.json"))
+    assert reports, sorted(p.name for p in tmp_path.rglob("*.json"))
+
+
+@pytest.mark.slow
+def test_a_plain_script_keeps_its_output_and_its_errors(tmp_path):
+    """Lightning's bug-report script (a plain Trainer); and a script that raises: exit 1, and
+    the traceback Python prints without the launcher, from the script's own frame."""
+    script = tmp_path / "bug_report_model.py"
+    shutil.copy(HERE / "lightning_examples" / "bug_report_model.py", script)
+    ran = launch([str(script)], cwd=tmp_path)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    assert ran.stderr.count(ADDED) == 1 and "fit done" in ran.stderr, ran.stderr[-3000:]
+    raised = launch([str(USER)], tmp_path, USER_TRAIN_RAISE="1")
+    assert raised.returncode == 1, raised.stderr[-3000:]
+    lines = raised.stderr.strip().splitlines()
+    assert lines[-1] == "ValueError: the user's own error at step 2", lines[-5:]
+    frames = [line for line in lines if line.startswith('  File "')]
+    assert str(USER) in frames[0] and "runpy" not in raised.stderr, raised.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_a_script_keeps_its_exit_code_its_sync_is_named_at_its_line_and_strict_fails_there(
+    tmp_path,
+):
+    ran = launch([str(USER), "--exit", "3"], cwd=tmp_path)
+    assert ran.returncode == 3, ran.stderr[-3000:]
+    assert ran.stdout.splitlines()[-1] == "user script done at step 12"
+    assert "user_train.py:32  [training_step]  Tensor.item()" in ran.stderr, ran.stderr[-3000:]
+    strict = launch(["--strict", str(USER)], cwd=tmp_path)
+    assert strict.returncode == 1, strict.stderr[-3000:]
+    line = strict.stderr.strip().splitlines()[-1]
+    assert line.startswith("error: strict sync check failed") and "user_train.py:32" in line
+
+
+def test_a_trainers_own_progress_bar_and_checkpoint_stay_and_the_first_line_says_so(
+    tmp_path, caplog
+):
+    import lightning.pytorch as pl
+    from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
+
+    from gpu_busy import callbacks as cb
+    from gpu_busy.launcher import attach
+
+    undo = attach([sys.executable, "-m", "gpu_busy", "run", "x.py"])
+    try:
+        bar, saves = TQDMProgressBar(), ModelCheckpoint(filename="mine")
+        trainer = pl.Trainer(callbacks=[bar, saves], default_root_dir=tmp_path, logger=False)
+    finally:
+        undo()
+    kinds = [type(c) for c in trainer.callbacks]
+    assert bar in trainer.callbacks and saves in trainer.callbacks
+    assert cb.LoggingStepProgressBar not in kinds and cb.BestCheckpoint not in kinds
+    assert cb.SyncPointDetector in kinds and cb.RunSummary in kinds
+    line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith(ADDED))
+    assert "kept the Trainer's own ModelCheckpoint, TQDMProgressBar" in line, line
+    plain = pl.Trainer(default_root_dir=tmp_path, logger=False)  # undone: a plain Trainer again
+    assert not any(isinstance(c, cb.RunSummary) for c in plain.callbacks)
+
+
+def test_the_default_set_pickles_for_ddp_spawn():
+    import lightning.pytorch as pl
+
+    import gpu_busy
+
+    trainer = pl.Trainer(accelerator="cpu", logger=False, **gpu_busy.defaults(monitor="val/acc"))
+    assert pickle.loads(pickle.dumps(trainer.callbacks))
+    assert pickle.loads(pickle.dumps(trainer.strategy.checkpoint_io))
+
+
+def test_the_launchers_own_mistakes_are_one_line_and_exit_2(capsys):
+    from gpu_busy.launcher import main
+
+    for argv, says in ((["run"], "no script given"), (["run", "nothere.py"], "no such file"),
+                       (["run", "--mode", "up", "x.py"], "give max or min"),
+                       (["run", "--bogus", "x.py"], "not an option of gpu_busy run"),
+                       ([], "say what to run")):  # fmt: skip
+        assert main(argv) == 2
+        error = capsys.readouterr().err.splitlines()
+        assert error[0].startswith("error: ") and says in error[0], error
+
+
+# -- every rank alike ------------------------------------------------------------------
+
+
+def _callbacks_by_rank(folder: Path) -> dict[str, str]:
+    return {p.name: p.read_text() for p in sorted(folder.glob("callbacks.rank*.txt"))}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["ddp", "ddp_spawn"])
+def test_two_ranks_through_lightnings_launchers_have_the_same_set_and_one_report(
+    tmp_path, strategy
+):
+    ran = launch([str(USER), "--strategy", strategy, "--devices", "2", "--record", str(tmp_path)],
+                 cwd=tmp_path)  # fmt: skip
+    out = ran.stderr
+    assert ran.returncode == 0, out[-3000:]
+    ranks = _callbacks_by_rank(tmp_path)
+    assert len(ranks) == 2 and len(set(ranks.values())) == 1, ranks
+    assert "SyncPointDetector" in ranks["callbacks.rank1.txt"]
+    assert out.count("fit done") == 1 and out.count(ADDED) == 1, out[-3000:]
+    assert "over 2 process(es)" in out
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_torchrun_starts_every_rank_through_the_launcher(tmp_path):
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+               "--master-port", str(_free_port()), "-m", "gpu_busy", "run", str(USER),
+               "--strategy", "ddp", "--devices", "2", "--record", str(tmp_path)]  # fmt: skip
+    ran = subprocess.run(command, cwd=tmp_path, env=_env(), capture_output=True, text=True,
+                         timeout=HANG_S)  # fmt: skip
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    ranks = _callbacks_by_rank(tmp_path)
+    assert len(ranks) == 2 and len(set(ranks.values())) == 1, ranks
+    assert ran.stderr.count("fit done") == 1, ran.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_a_rank_without_the_set_ends_the_run_at_set_up_in_one_line_not_a_hang(tmp_path):
+    """Rank 0 through the launcher, rank 1 bare, as two nodes' launchers could start them."""
+    common = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "WORLD_SIZE": "2",
+              "NODE_RANK": "0", "GPU_BUSY_RANK_WAIT": "5"}  # fmt: skip
+    args = [str(USER), "--strategy", "ddp", "--devices", "2"]
+    started = time.monotonic()
+    procs = [
+        subprocess.Popen([sys.executable, *(["-m", "gpu_busy", "run"] if rank == 0 else []),
+                          *args], cwd=tmp_path, env=_env(**common, LOCAL_RANK=str(rank)),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for rank in (0, 1)
+    ]  # fmt: skip
+    try:
+        outs = [p.communicate(timeout=120) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    elapsed = time.monotonic() - started
+    assert procs[0].returncode == 1, outs[0][1][-3000:]
+    lines = [line for line in outs[0][1].splitlines() if line.startswith("error:")]
+    assert lines == [
+        "error: rank 1 of 2 has no gpu_busy callbacks (started without python -m gpu_busy "
+        "run?): every rank needs the same set, or none does; stopped at set-up"
+    ], outs[0][1][-3000:]
+    assert procs[1].returncode != 0 and elapsed < 100, (elapsed, outs[1][1][-2000:])

@@ -49,14 +49,13 @@ class FirstStep(pl.Callback):
 
 def command(ddp: bool, save_dir: str) -> tuple[list[str], str]:
     """The package's command line (``python -m gpu_busy.cli fit``) with the default config's
-    trainer and callbacks, the benchmarks' own model and data, and ``FirstStep``."""
-    trainer = {}
-    if DEFAULT_CONFIG.is_file():
-        trainer = yaml.safe_load(DEFAULT_CONFIG.read_text()).get("trainer") or {}
+    trainer and default set, the benchmarks' own model and data, and ``FirstStep``."""
+    default = yaml.safe_load(DEFAULT_CONFIG.read_text()) if DEFAULT_CONFIG.is_file() else {}
+    trainer, options = default.get("trainer") or {}, default.get("gpu_busy") or {}
     config = Path(save_dir) / "startup.yaml"
-    config.write_text(
-        yaml.safe_dump({"trainer": trainer, "model": WORKLOAD[0], "data": WORKLOAD[1]})
-    )
+    config.write_text(yaml.safe_dump(
+        {"trainer": trainer, "gpu_busy": options, "model": WORKLOAD[0], "data": WORKLOAD[1]}
+    ))  # fmt: skip
     flags = [
         "--config", str(config), "--trainer.max_steps=3", "--trainer.log_every_n_steps=2",
         f"--trainer.logger.init_args.save_dir={save_dir}",

@@ -7,6 +7,7 @@ update gpu_busy/lightning_compat/, not the callers.
 from __future__ import annotations
 
 import inspect
+import sys
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -282,6 +283,41 @@ def test_lightnings_launcher_keeps_its_children_in_procs():
 
     launcher = _SubprocessScriptLauncher(LightningEnvironment(), num_processes=2, num_nodes=1)
     assert hasattr(launcher, "procs"), "_SubprocessScriptLauncher.procs was renamed"
+
+
+def test_lightnings_launcher_starts_the_other_ranks_with_the_command_we_give(monkeypatch):
+    """Lightning's DDP launcher builds the other ranks' command with _basic_subprocess_cmd,
+    looked up in its own module when it starts them: the launcher's ranks run through
+    ``python -m gpu_busy run`` while ``children_run_through`` holds, and bare after."""
+    import subprocess
+
+    from lightning.fabric.plugins.environments import LightningEnvironment
+    from lightning.pytorch.strategies.launchers.subprocess_script import (
+        _SubprocessScriptLauncher,
+    )
+
+    started: list[list[str]] = []
+
+    class Recorded:
+        def __init__(self, command, **kwargs):
+            started.append(list(command))
+
+    monkeypatch.setattr(subprocess, "Popen", Recorded)
+    monkeypatch.setattr(sys, "argv", ["/abs/train.py", "--lr", "3"])
+    for name in ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    ours = [sys.executable, "-m", "gpu_busy", "run", "/abs/train.py"]
+    undo = compat.children_run_through(ours)
+    try:
+        launcher = _SubprocessScriptLauncher(LightningEnvironment(), num_processes=2, num_nodes=1)
+        launcher._call_children_scripts()
+    finally:
+        undo()
+    assert started == [[*ours, "--lr", "3"]]
+    from lightning.fabric.strategies.launchers import subprocess_script as fabric_launcher
+    from lightning.pytorch.strategies.launchers import subprocess_script as launcher_module
+
+    assert launcher_module._basic_subprocess_cmd is fabric_launcher._basic_subprocess_cmd
 
 
 def test_lightnings_child_observer_can_be_deferred_and_restored():

@@ -433,7 +433,9 @@ def test_the_docs_state_results_in_a_readable_length():
     readme = (ROOT / "README.md").stat().st_size
     docs = {p.name: p.stat().st_size for p in (ROOT / "docs").glob("*.md")}
     assert readme <= 15_000, f"README.md is {readme} bytes"
-    assert readme + sum(docs.values()) <= 170_000, (readme, docs)
+    # 175 KB: the any-script launcher and the default set's one rule added a section to
+    # GUIDE and to ARCHITECTURE (issue 65)
+    assert readme + sum(docs.values()) <= 175_000, (readme, docs)
 
 
 def _slug(heading: str) -> str:

@@ -308,7 +308,7 @@ def test_a_distributions_argument_check_is_fixed_by_its_own_switch():
 
 
 def test_a_torch_device_object_is_the_device_to_the_simulation_as_readme_says():
-    # A stated limit (README, "What the CPU simulation cannot see"): on a CPU,
+    # A stated limit (docs/GUIDE.md, "What the CPU simulation cannot see"): on a CPU,
     # torch.device("cpu") is the object a torch.cuda.is_available() branch makes, so it
     # stands for the device; the string "cpu" and .cpu() are the host.
     readme = (ROOT / "README.md").read_text()

@@ -90,7 +90,7 @@ def test_the_start_up_benchmark_launches_the_package_cli_on_its_own_workload(tmp
         config = yaml.safe_load(written)
         assert config["model"]["class_path"] == "bench.workload.Classifier"
         assert config["data"]["class_path"] == "bench.workload.Images"
-        assert "template." not in written and config["trainer"]["callbacks"], written
+        assert "template." not in written and config["gpu_busy"]["monitor"], written
     assert "2" in kind
 
 

@@ -27,16 +27,26 @@ FSDP = str(CONFIGS / "fsdp.yaml")
 
 
 def strict_callbacks(tmp_path: Path, every_epoch: bool = False) -> str:
-    """The default config's callbacks, the sync detector strict on every step, and a probe
-    of what each rank holds: an overlay file (a list in a later config replaces it).
+    """The default set, the sync detector strict on every step, and a probe of what each rank
+    holds: an overlay file (a kind it lists replaces the default set's).
     ``every_epoch``: the best checkpoint kept for every epoch, not the best alone."""
-    callbacks = yaml.safe_load(Path(DEFAULT).read_text())["trainer"]["callbacks"]
-    for spec in callbacks:
-        if spec["class_path"].endswith("SyncPointDetector"):
-            spec["init_args"] = {"strict": True, "first_steps": 1000}
-        if spec["class_path"].endswith("BestCheckpoint") and every_epoch:
-            spec["init_args"]["save_top_k"] = -1
-    callbacks.append({"class_path": "tests.helpers.sharded_probe.RecordParameters"})
+    callbacks = [
+        {"class_path": "gpu_busy.callbacks.SyncPointDetector",
+         "init_args": {"strict": True, "first_steps": 1000}},
+        {"class_path": "tests.helpers.sharded_probe.RecordParameters"},
+    ]  # fmt: skip
+    if every_epoch:  # both checkpoints of the default set, the best one for every epoch
+        from gpu_busy.callbacks.default_set import Options, _best, _last
+
+        best, last = _best(Options(monitor="val/acc")), _last(Options())
+        callbacks += [
+            {"class_path": "gpu_busy.callbacks.BestCheckpoint",
+             "init_args": {"monitor": best.monitor, "mode": best.mode, "save_top_k": -1,
+                           "filename": best.filename, "auto_insert_metric_name": False}},
+            {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+             "init_args": {"filename": last.filename, "save_top_k": 1,
+                           "enable_version_counter": False}},
+        ]  # fmt: skip
     overlay = tmp_path / "strict.yaml"
     overlay.write_text(yaml.safe_dump({"trainer": {"callbacks": callbacks}}))
     return str(overlay)

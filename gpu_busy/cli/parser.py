@@ -230,8 +230,7 @@ class TrainingCLI(LightningCLI):
             FullyShardedStrategy.check_model(self.model)  # once, before any rank starts
         self._check_checkpoint_fits_model()
         for callback in self.trainer.callbacks:
-            # RunSummary says them again under the summary; named by its method, so that
-            # the command line imports no callback
+            # RunSummary, or a summary of the user's own, says them again under the summary
             add_notes = getattr(callback, "add_run_notes", None)
             if callable(add_notes):
                 add_notes(self.left_out)

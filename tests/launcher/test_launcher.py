@@ -108,7 +108,7 @@ def test_a_script_keeps_its_exit_code_its_sync_is_named_at_its_line_and_strict_f
     assert ran.returncode == 3, ran.stderr[-3000:]
     assert ran.stdout.splitlines()[-1] == "user script done at step 12"
     assert "user_train.py:32  [training_step]  Tensor.item()" in ran.stderr, ran.stderr[-3000:]
-    strict = launch(["--strict", str(USER)], cwd=tmp_path)
+    strict = launch(["--strict", "-m", "tests.launcher.scripts.user_train"], cwd=tmp_path)
     assert strict.returncode == 1, strict.stderr[-3000:]
     line = strict.stderr.strip().splitlines()[-1]
     assert line.startswith("error: strict sync check failed") and "user_train.py:32" in line
@@ -147,6 +147,13 @@ def test_the_default_set_pickles_for_ddp_spawn():
     trainer = pl.Trainer(accelerator="cpu", logger=False, **gpu_busy.defaults(monitor="val/acc"))
     assert pickle.loads(pickle.dumps(trainer.callbacks))
     assert pickle.loads(pickle.dumps(trainer.strategy.checkpoint_io))
+
+
+def test_the_gpu_busy_command_is_the_launcher():
+    from importlib.metadata import entry_points
+
+    (command,) = entry_points(group="console_scripts", name="gpu-busy")
+    assert command.value == "gpu_busy.launcher:main"
 
 
 def test_the_launchers_own_mistakes_are_one_line_and_exit_2(capsys):

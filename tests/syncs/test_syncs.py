@@ -307,12 +307,12 @@ def test_a_distributions_argument_check_is_fixed_by_its_own_switch():
     assert rec.events == []
 
 
-def test_a_torch_device_object_is_the_device_to_the_simulation_as_readme_says():
+def test_a_torch_device_object_is_the_device_to_the_simulation_as_the_guide_says():
     # A stated limit (docs/GUIDE.md, "What the CPU simulation cannot see"): on a CPU,
     # torch.device("cpu") is the object a torch.cuda.is_available() branch makes, so it
     # stands for the device; the string "cpu" and .cpu() are the host.
-    readme = (ROOT / "README.md").read_text()
-    assert 'x.to(torch.device("cpu"))' in readme
+    guide = (ROOT / "docs" / "GUIDE.md").read_text()
+    assert 'x.to(torch.device("cpu"))' in guide
     with detect_syncs(device_type="cpu") as rec:
         x.to(torch.device("cpu"))  # device to device: no copy
         x.to("cpu")  # device to host: a blocking copy

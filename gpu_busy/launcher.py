@@ -127,7 +127,7 @@ def attach(launcher_argv: list[str]) -> Callable[[], None]:
     def __init__(self: pl.Trainer, *args: Any, **kwargs: Any) -> None:
         done = complete(kwargs.get("callbacks"), kwargs.get("plugins"), settings=kwargs,
                         **options)  # fmt: skip
-        if done.added:  # nothing added: the set was there already (the template's CLI)
+        if done.added or done.left_out:  # else the set was there already (the template's)
             log.info("%s", done.line())
         original(self, *args, **{**kwargs, **done.trainer_kwargs})
 

@@ -154,7 +154,8 @@ def complete(
 ) -> Completed:
     """``callbacks`` and ``plugins`` (as a Trainer takes them) with every default whose kind
     they lack; ``settings`` are the Trainer's other arguments (``enable_checkpointing=False``
-    leaves out our checkpoints, ``barebones=True`` everything); ``options`` are ``Options``'.
+    leaves out our checkpoints, ``barebones=True`` everything); ``options``: the fields of
+    ``Options``.
 
     Ours go first: the rank check must run before any callback's collective set-up.
     """

@@ -305,7 +305,10 @@ def test_lightnings_launcher_starts_the_other_ranks_with_the_command_we_give(mon
     monkeypatch.setattr(subprocess, "Popen", Recorded)
     monkeypatch.setattr(sys, "argv", ["/abs/train.py", "--lr", "3"])
     for name in ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "WORLD_SIZE"):
-        monkeypatch.delenv(name, raising=False)
+        # the launcher sets them in os.environ: set, then deleted, each is put back as it
+        # was after the test (a LOCAL_RANK left behind tells later fits they were launched)
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
     ours = [sys.executable, "-m", "gpu_busy", "run", "/abs/train.py"]
     undo = compat.children_run_through(ours)
     try:

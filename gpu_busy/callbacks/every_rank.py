@@ -25,7 +25,7 @@ import lightning.pytorch as pl
 import torch.distributed as dist
 
 from gpu_busy import lightning_compat as compat
-from gpu_busy.callbacks.ranks import group_store
+from gpu_busy.callbacks.ranks import group_store, leave_at_once
 
 # seconds a rank waits for the others' names: the ranks leave Lightning's "pre_setup"
 # barrier together, so only a rank without the callbacks leaves its key unset this long
@@ -80,11 +80,7 @@ def _stop(trainer: pl.Trainer, speak: bool, line: str) -> None:
     outside every collective, and the others wait in theirs."""
     if speak:
         print(f"error: {line}", file=sys.stderr, flush=True)
-    sys.stdout.flush()
-    for proc in compat.started_ranks(trainer):
-        if proc.poll() is None:
-            proc.kill()
-    os._exit(1)
+    leave_at_once(trainer)
 
 
 def _missing_line(missing: list[int], world: int) -> str:

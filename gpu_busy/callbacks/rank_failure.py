@@ -15,7 +15,6 @@ Example::
 
 from __future__ import annotations
 
-import os
 import sys
 import uuid
 from collections.abc import Callable
@@ -25,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from gpu_busy import lightning_compat as compat
-from gpu_busy.callbacks.ranks import group_store
+from gpu_busy.callbacks.ranks import group_store, leave_at_once
 from gpu_busy.faults.peer_watch import PeerWatch, failure_line, lost_a_peer
 from gpu_busy.faults.training_stopped import TrainingStopped
 from gpu_busy.log import get_logger
@@ -115,10 +114,6 @@ class StopOnRankFailure(compat.Callback):
         speaker = 1 if rank == 0 else 0
         if me == speaker:
             print(failure_line(rank, reason), file=sys.stderr, flush=True)
-        sys.stdout.flush()
         # Whatever this process started ends with it: a rank stopped (SIGSTOP) or stuck in
-        # a collective would otherwise outlive the run. SIGKILL ends a stopped one too.
-        for proc in compat.started_ranks(self._trainer) if self._trainer is not None else []:
-            if proc.poll() is None:
-                proc.kill()
-        os._exit(1)
+        # a collective would otherwise outlive the run.
+        leave_at_once(self._trainer)

@@ -13,9 +13,11 @@ Example::
 
 from __future__ import annotations
 
+import os
+import sys
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import lightning.pytorch as pl
 import torch
@@ -59,6 +61,17 @@ def group_store(trainer: pl.Trainer, prefix: str, timeout: float) -> Any:
         timeout=timedelta(seconds=timeout),
     )  # fmt: skip
     return torch.distributed.PrefixStore(prefix, client)
+
+
+def leave_at_once(trainer: pl.Trainer | None) -> NoReturn:
+    """End this process now, and the ranks it started (Lightning's launcher starts a node's
+    others from local rank zero): from any thread, even while the main thread waits in a
+    collective that will never complete. SIGKILL ends a stopped rank too."""
+    sys.stdout.flush()
+    for proc in compat.started_ranks(trainer) if trainer is not None else []:
+        if proc.poll() is None:
+            proc.kill()
+    os._exit(1)
 
 
 def over_ranks(per_rank: list[dict[str, float | None]], prefix: str) -> dict[str, float | None]:

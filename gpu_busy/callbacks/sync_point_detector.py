@@ -28,7 +28,7 @@ from gpu_busy.callbacks.step_clock import StepClock
 from gpu_busy.errors import UserError
 from gpu_busy.log import get_logger
 from gpu_busy.report import syncs as syncs_report
-from gpu_busy.syncs.attribution import OPTIMIZER_STEP
+from gpu_busy.syncs.attribution import OPTIMIZER_STEP, SyncError
 from gpu_busy.syncs.detector import SyncDetector
 from gpu_busy.syncs.memory import held_outside_parameters
 from gpu_busy.syncs.rules import DDP_USED_MAP, LIGHTNING_READS
@@ -65,9 +65,9 @@ class SyncPointDetector(Measurement):
             3, or fewer where the fit's length is known and 3 would not fit the budget.
         strict: raise at the first sync in a watched steady step (not a callback's hooks).
             A fit in which no watched step was steady (a one-batch test) checked nothing:
-            it ends with one warning line that says so. None: the environment variable
-            ``GPU_BUSY_STRICT_SYNCS`` decides (``GPU_BUSY_STRICT_SYNCS=1 make train``), off
-            where it is unset.
+            it fails too, with a ``SyncError`` that says how to make it check one. None:
+            the environment variable ``GPU_BUSY_STRICT_SYNCS`` decides
+            (``GPU_BUSY_STRICT_SYNCS=1 make train``), off where it is unset.
         device_type: which tensors count as device memory; None follows the root device.
         log_stats: write ``syncs/*`` at Lightning's logging steps.
     """
@@ -318,19 +318,22 @@ class SyncPointDetector(Measurement):
             fit_seconds=self._clock.seconds() if self._clock is not None else 0.0,
         )
         self.report = report["summary"]
-        if self.strict and not totals.steady_watched and trainer.is_global_zero:
-            log.warning(
-                "SyncPointDetector(strict=True) checked no step: none of the %d watched "
-                "batches was steady (the fit's first, a logging step and the one after it are "
-                "not); fit more batches, or raise log_every_n_steps, for strict to hold one",
-                int(totals.watched / trainer.world_size),
-            )
         publish(trainer, "syncs", report, lines, folder)
         annotations = github_annotations(list(merged.sites.values()))
         if trainer.is_global_zero and in_github_actions() and annotations:
             # On the pull request's diff. A workflow command must start its own line (a
             # progress bar may have left the cursor mid-line).
             print("", *annotations, sep="\n", flush=True)
+        if self.strict and not totals.steady_watched and not trainer.interrupted:
+            # A gate that checked nothing must not pass: every rank raises (the sums are
+            # gathered, so all agree), after the reports are written; a fit cut short (by a
+            # sync strict found, a stop) ends with its own error instead.
+            raise SyncError(
+                "SyncPointDetector(strict=True) checked no step: none of the "
+                f"{int(totals.watched / trainer.world_size)} watched batches was steady (the "
+                "fit's first, a logging step and the one after it are not); fit more batches, "
+                "raise log_every_n_steps, or give first_steps= for strict to check one"
+            )
 
 
 def _or_nan(x: float | None) -> float:

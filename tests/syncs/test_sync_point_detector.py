@@ -498,23 +498,15 @@ def test_under_ddp_the_report_says_which_figures_are_per_rank_and_which_are_summ
     assert not any("summed over" in line for line in one)
 
 
-def test_a_strict_fit_that_watched_no_steady_step_says_it_checked_nothing(tmp_path, caplog):
+def test_a_strict_fit_that_watched_no_steady_step_fails_saying_it_checked_nothing(tmp_path):
     # A CI test fitting one batch under strict=True once passed whatever that batch synced:
-    # the first step is set-up, and strict leaves it out.
-    said = "SyncPointDetector(strict=True) checked no step"
+    # the first step is set-up, and strict leaves it out. A gate that checked nothing fails.
     model = ItemInStep(width=4)
-    with caplog.at_level(logging.WARNING):
+    with pytest.raises(SyncError, match=r"strict=True\) checked no step: .*first_steps="):
         _fit(tmp_path, model, [SyncPointDetector(strict=True)], limit_train_batches=1)
-    assert caplog.text.count(said) == 1
-    caplog.clear()
-    with caplog.at_level(logging.WARNING):
-        _fit(
-            tmp_path,
-            ImageClassifier(width=4),
-            [SyncPointDetector(strict=True)],
-            limit_train_batches=3,
-        )
-    assert said not in caplog.text
+    detector = SyncPointDetector(strict=True)  # one that checks a step and finds none passes
+    _fit(tmp_path, ImageClassifier(width=4), [detector], limit_train_batches=3)
+    assert detector.report["steady_watched_batches"] >= 1, detector.report
 
 
 class ReplayBuffer(ImageClassifier):

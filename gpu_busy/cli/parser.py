@@ -85,8 +85,7 @@ class TrainingCLI(LightningCLI):
             trainer.get("callbacks"), trainer.get("plugins"), settings=dict(trainer),
             **(vars(options) if options is not None else {}),
         )  # fmt: skip
-        if current_rank() == 0:
-            log.info("%s", done.line())
+        log.info("%s", done.line())  # rank zero's logger alone writes it
         return super().instantiate_trainer(**{**kwargs, **done.trainer_kwargs})
 
     def parse_arguments(self, parser, args) -> None:

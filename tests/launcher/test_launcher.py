@@ -36,9 +36,9 @@ def _env(**extra: str) -> dict[str, str]:
     return env
 
 
-def launch(args: list[str], cwd: Path, bare: bool = False, **env: str):
-    """``python -m gpu_busy run ARGS`` (``bare``: ``python ARGS``, as without the launcher)."""
-    command = [sys.executable, *([] if bare else ["-m", "gpu_busy", "run"]), *args]
+def launch(args: list[str], cwd: Path, **env: str):
+    """``python -m gpu_busy run ARGS``, in ``cwd``, with ``env`` added."""
+    command = [sys.executable, "-m", "gpu_busy", "run", *args]
     return subprocess.run(command, cwd=cwd, env=_env(**env), capture_output=True, text=True,
                           timeout=HANG_S)  # fmt: skip
 

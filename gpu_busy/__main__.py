@@ -1,7 +1,5 @@
 """``python -m gpu_busy run SCRIPT [ARGS...]``: see ``gpu_busy.launcher``."""
 
-import sys
+from gpu_busy.launcher import command
 
-from gpu_busy.launcher import main
-
-sys.exit(main())
+command()

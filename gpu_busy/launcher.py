@@ -32,7 +32,9 @@ import runpy
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
+
+from gpu_busy.process_exit import end_group, end_process
 
 USAGE = (
     "usage: python -m gpu_busy run [--strict] [--monitor NAME] [--mode max|min] "
@@ -160,7 +162,7 @@ def _script_traceback(error: BaseException) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m gpu_busy`` and the ``gpu-busy`` command: returns the exit code."""
+    """The launcher on ``argv`` (``sys.argv``'s by default): returns the exit code."""
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         env, script, module, args = _parse(argv)
@@ -180,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except SystemExit as e:
         if e.code in (None, 0):
-            _destroy_process_group()
+            end_group()
         raise
     except KeyboardInterrupt:
         raise
@@ -189,15 +191,11 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     finally:
         undo()
-    _destroy_process_group()
+    end_group()
     return 0
 
 
-def _destroy_process_group() -> None:
-    # Torn down while the interpreter is whole: gloo's threads still holding work at exit
-    # abort the process (the same as gpu_busy.cli does after a fit). After a success only:
-    # a failed rank may leave the others inside a collective.
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
+def command() -> NoReturn:
+    """``python -m gpu_busy`` and the ``gpu-busy`` command: ``main``'s code, and a rank that
+    joined a process group ends without an abort (``gpu_busy.process_exit``)."""
+    end_process(main)

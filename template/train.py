@@ -19,5 +19,6 @@ if __name__ == "__main__":
         sys.exit(2)
 
     from gpu_busy.cli import main
+    from gpu_busy.process_exit import end_process
 
-    sys.exit(main(prog="python -m template.train"))
+    end_process(lambda: main(prog="python -m template.train"))

@@ -3,11 +3,14 @@
 A hook of a ``Measurement`` that raises logs one warning naming the measurement, and the
 callback stops measuring: its later hooks return at once (``teardown`` and
 ``on_exception`` still run, to undo what it placed), and at the end of the fit its report
-is one "n/a" line. Never caught: a stop the callback means (``TrainingStopped``,
-``SyncError``), anything while ``must_raise()`` (the sync detector under ``strict``), and
-any failure under DDP, where a rank that skipped its collectives would leave the others
-waiting for them (``StopOnRankFailure`` ends every rank instead). Details:
-docs/ARCHITECTURE.md, "A measurement never ends a fit".
+is one "n/a" line. Under DDP a rank that skipped its collectives would leave the others
+waiting, so there the failure travels first: a member of the step clock's window says so
+in the gather the window already makes (``StepClock``), and every rank drops it at the same
+step; rank zero's warning names the rank and its error. Never caught: a stop the callback
+means (``TrainingStopped``, ``SyncError``), anything while ``must_raise()`` (the sync
+detector under ``strict``), and a failure under DDP outside the window (before training,
+in the reports' own gathers), which ``StopOnRankFailure`` turns into an end of every rank.
+Details: docs/ARCHITECTURE.md, "A measurement never ends a fit".
 
 Example::
 
@@ -54,6 +57,8 @@ class Measurement(compat.Callback):
     measured: frozenset[str] | None = None  # None: every hook the class defines
     # what makes its report, run at on_exception where the fit ended early (report_at_stop)
     at_stop: tuple[str, ...] = ("on_train_end", "on_fit_end")
+    # set by the step clock while a failure can travel in its window to every rank
+    in_window = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -78,14 +83,26 @@ class Measurement(compat.Callback):
         """Whether a failure must end the fit after all (a check, not a measurement)."""
         return False
 
+    def stop_measuring(self, reason: str, rank: int | None = None) -> None:
+        """Stop, and say so once: ``rank`` is where it failed, under DDP (every rank drops
+        the measurement at the same step; rank zero's log speaks)."""
+        if self.failed and rank is None:
+            return
+        if not self.failed:
+            self.__dict__["_failed"] = reason if rank is None else f"on rank {rank}: {reason}"
+        where = "" if rank is None else f" on rank {rank}"
+        everywhere = "" if rank is None else " on every rank"
+        log.warning(
+            "%s stopped measuring%s (%s); its figures are n/a%s, and training goes on",
+            self.label, where, reason, everywhere,
+        )  # fmt: skip
+
     def _fail(self, hook: str, err: Exception) -> None:
         reason = f"{type(err).__name__} in {type(self).__name__}.{hook}: {err}"
-        self.__dict__["_failed"] = reason
-        log.warning(
-            "%s stopped measuring (%s); its figures are n/a, and training goes on",
-            self.label,
-            reason,
-        )
+        if _several_ranks():  # said when every rank drops it, at the window
+            self.__dict__["_failed"] = reason
+        else:
+            self.stop_measuring(reason)
 
 
 def _guarded(name: str, fn: Callable) -> Callable:
@@ -109,7 +126,7 @@ def _guarded(name: str, fn: Callable) -> Callable:
         except _PASSED_ON:
             raise
         except Exception as err:
-            if self.must_raise() or _several_ranks():
+            if self.must_raise() or (_several_ranks() and not self.in_window):
                 raise
             if not self.failed:
                 self._fail(name, err)

@@ -3,7 +3,9 @@
 One ``gpu_busy.idle.StepTimer`` times each training step and the gap before it; each
 step's timing goes to every subscribed monitor. At a logging step the window closes: the
 steps' events are read back (not per step: docs/ARCHITECTURE.md, "CUDA calls per step")
-and every member's window row (figures, counts, flags) goes over ranks in one gather. Two
+and every member's window row (figures, counts, flags) goes over ranks in one gather,
+with a flag a member for whether it failed on that rank: every rank drops a member that
+failed on any, at the same step (``Measurement``; again at the end of training). Two
 marks at the ends of the callback list bracket the step, so the other callbacks' work falls
 between steps, where the GPU really waits for it.
 
@@ -20,6 +22,7 @@ Example::
 
 from __future__ import annotations
 
+import math
 import time
 import weakref
 from typing import Any
@@ -32,7 +35,7 @@ from lightning.pytorch.utilities.data import extract_batch_size
 from gpu_busy import batch_routing
 from gpu_busy import lightning_compat as compat
 from gpu_busy.callbacks.measurement import Measurement
-from gpu_busy.callbacks.ranks import gather_rows
+from gpu_busy.callbacks.ranks import gather_objects, gather_rows
 from gpu_busy.cuda_sync_warnings import debug_mode
 from gpu_busy.idle import StepTimer, SyncMarks, TimedReads
 
@@ -49,6 +52,7 @@ class StepClock:
         self.timer = StepTimer(trainer.strategy.root_device, capacity=8 * window + 64)
         self.marks: SyncMarks | None = None
         self.subscribers: list[Any] = []
+        self._sizes: dict[int, int] = {}  # id(member) -> its row's length, under DDP
         self._takers: list[Any] = []  # subscribers with take()
         self._at_start: list[Any] = []  # with step_started(), step_ended()
         self._at_end: list[Any] = []
@@ -79,6 +83,8 @@ class StepClock:
             clock._at_start += [monitor] if hasattr(monitor, "step_started") else []
             clock._at_end += [monitor] if hasattr(monitor, "step_ended") else []
             clock._tokens = clock._tokens or getattr(monitor, "tokens", None)
+            if isinstance(monitor, Measurement):
+                monitor.in_window = True  # its failure can travel to the other ranks
         device = trainer.strategy.root_device
         if sync_marks and clock.marks is None and debug_mode().serves(device.type):
             clock.marks = clock.timer.sync_marks = SyncMarks()  # open from a step's start
@@ -152,17 +158,80 @@ class StepClock:
         gather. Nothing is read of CUDA between logging steps."""
         self._give(self.timer.poll())
         self.timer.refresh_stream()
-        rows = [monitor.window_row() for monitor in self.subscribers]
-        gathered = gather_rows(trainer, [x for row in rows for x in row])
-        start, raised = 0, None
-        for monitor, row in zip(self.subscribers, rows, strict=True):
-            try:  # every member logs its window, one that stops the fit (a signal) too
-                monitor.log_window(trainer, [r[start : start + len(row)] for r in gathered])
-            except Exception as err:  # raised once all have logged
-                raised = raised or err
-            start += len(row)
+        members = list(self.subscribers)
+        rows = [None if _failed(m) else m.window_row() for m in members]
+        rows = [None if _failed(m) else row for m, row in zip(members, rows, strict=True)]
+        several = trainer.world_size > 1
+        if several:
+            if any(id(m) not in self._sizes for m in members):
+                self._learn_sizes(trainer, members, rows)  # once, at the first window
+            flat = [float(row is None) for row in rows]
+            for m, row in zip(members, rows, strict=True):
+                flat += [math.nan] * self._sizes[id(m)] if row is None else row
+        else:
+            flat = [x for row in rows if row is not None for x in row]
+        gathered = gather_rows(trainer, flat)
+        start, raised = (len(members) if several else 0), None
+        if several:
+            self._drop_failed(trainer, members, [r[: len(members)] for r in gathered])
+        for monitor, row in zip(members, rows, strict=True):
+            size = self._sizes[id(monitor)] if several else len(row or ())
+            if monitor in self.subscribers and row is not None:
+                try:  # every member logs its window, one that stops the fit (a signal) too
+                    monitor.log_window(trainer, [r[start : start + size] for r in gathered])
+                except Exception as err:  # raised once all have logged
+                    raised = raised or err
+            start += size
         if raised is not None:
             raise raised
+
+    def settle(self, trainer: pl.Trainer) -> None:
+        """Training is over: a member that failed on any rank since the last window is
+        dropped on every rank before the reports, whose own gathers a failure ends."""
+        if trainer.world_size > 1 and self.subscribers:
+            members = list(self.subscribers)
+            flags = gather_rows(trainer, [float(_failed(m) is not None) for m in members])
+            self._drop_failed(trainer, members, flags)
+        for monitor in self.subscribers:
+            if isinstance(monitor, Measurement):
+                monitor.in_window = False
+
+    def _learn_sizes(self, trainer: pl.Trainer, members: list, rows: list) -> None:
+        """Each member's row length, from the ranks where it has one: a rank where it
+        failed before its first window sends that many NaN (every rank's row must be as
+        long for the gather)."""
+        sizes = gather_rows(trainer, [-1.0 if r is None else float(len(r)) for r in rows])
+        for i, member in enumerate(members):
+            self._sizes[id(member)] = max(0, int(max(s[i] for s in sizes)))
+            if rows[i] is not None and len(rows[i]) != self._sizes[id(member)]:
+                raise RuntimeError(f"{type(member).__name__}'s window rows differ in length "
+                                   "over the ranks; they cannot be gathered")  # fmt: skip
+
+    def _drop_failed(self, trainer: pl.Trainer, members: list, flags: list[list[float]]) -> None:
+        """Every rank drops the members failed on any rank (the same ``flags`` on every
+        rank); rank zero says once where each failed and why."""
+        first = [next((r for r, f in enumerate(flags) if f[i]), None) for i in range(len(members))]
+        if all(rank is None for rank in first):
+            return
+        reasons = gather_objects(trainer, [_failed(m) for m in members])  # a failure's words
+        for i, member in enumerate(members):
+            if first[i] is not None:
+                member.stop_measuring(reasons[first[i]][i] or "failed", rank=first[i])
+                self._unsubscribe(member)
+
+    def _unsubscribe(self, monitor: Any) -> None:
+        for members in (self.subscribers, self._takers, self._at_start, self._at_end):
+            if monitor in members:
+                members.remove(monitor)
+        if getattr(self._tokens, "__self__", None) is monitor:
+            self._tokens = None
+        monitor.in_window = False
+
+
+def _failed(monitor: Any) -> str | None:
+    """Why a member stopped measuring on this rank, or None (a member that only controls,
+    as ``StopOnSignal``, never does)."""
+    return getattr(monitor, "failed", None)
 
 
 class _StepEnd(Measurement):
@@ -175,6 +244,11 @@ class _StepEnd(Measurement):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         self.clock._step_ended(batch)
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        # First of every callback's: each step read back, the failures settled over ranks
+        self.clock.finish()
+        self.clock.settle(trainer)
 
     def on_validation_start(self, trainer, pl_module) -> None:
         if trainer.state.fn == "fit":

@@ -1,5 +1,4 @@
-import sys
-
 from gpu_busy.cli.run import main
+from gpu_busy.process_exit import end_process
 
-sys.exit(main())
+end_process(main)

@@ -26,6 +26,7 @@ from gpu_busy.config_files import check_config_files
 from gpu_busy.errors import UserError
 from gpu_busy.faults.training_stopped import TrainingStopped
 from gpu_busy.log import current_rank, setup_logging
+from gpu_busy.process_exit import end_group
 from gpu_busy.resume import checkpoint_file
 from gpu_busy.syncs.attribution import SyncError
 
@@ -95,12 +96,7 @@ def _run(args: list[str] | None) -> int:
             parser_kwargs={"exit_on_error": False, "allow_abbrev": False},
             args=args,
         )
-        # Every group torn down while the interpreter is whole: at its exit, gloo's worker
-        # threads still holding work abort the process ("terminate called without an
-        # active exception", seen after a sharded 2-rank fit). After a success only: a
-        # rank that failed may leave the others inside a collective.
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            torch.distributed.destroy_process_group()
+        end_group()  # after a success only: a failed rank may leave others in a collective
     except KeyNotAccepted as e:
         print(f"error: {e} ({_prog} fit --help lists every option)", file=sys.stderr)
         return 2

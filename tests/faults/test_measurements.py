@@ -104,3 +104,39 @@ def test_a_fit_cut_short_writes_the_reports_of_the_steps_it_ran(tmp_path, stop):
     assert idle["steps"] >= 1
     bar = next(c for c in callbacks if type(c).__name__ == "LoggingStepProgressBar")
     assert bar.train_progress_bar.disable  # closed: what follows starts on a line of its own
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("name", "rank", "step", "na_line"),
+    [
+        ("idle", 1, 0, "idle: n/a (on rank 1: ValueError"),  # before the first window
+        ("throughput", 0, 5, "throughput: n/a (ValueError"),  # mid-run, on rank zero
+        ("idle", 1, 7, "idle: n/a (on rank 1: ValueError"),  # after the last window
+    ],
+)
+def test_under_ddp_one_rank_s_failing_measurement_is_dropped_on_every_rank_and_the_fit_ends(
+    tmp_path, name, rank, step, na_line
+):
+    """Two gloo ranks, 8 steps, a window every 4: the failure travels in the window's
+    gather (or the end of training's), every rank drops the measurement together, rank
+    zero warns once, the report is n/a, and every step trains."""
+    from tests.conftest import DEBUG, DEFAULT, HANG_S, run_entry_point
+
+    result = run_entry_point(
+        ["fit", "--config", DEFAULT, "--config", DEBUG, "--trainer.accelerator=cpu",
+         "--trainer.devices=2", "--trainer.limit_train_batches=8",
+         "--trainer.log_every_n_steps=4",
+         "--trainer.callbacks+=tests.helpers.faults_probe.BreakMeasurement",
+         f"--trainer.callbacks.init_args.name={name}", f"--trainer.callbacks.init_args.rank={rank}",
+         f"--trainer.callbacks.init_args.step={step}"],
+        cwd=tmp_path, timeout=HANG_S,
+    )  # fmt: skip
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-3000:]
+    warned = [line for line in output.splitlines() if "stopped measuring" in line]
+    assert len(warned) == 1, warned
+    assert f"stopped measuring on rank {rank} (ValueError" in warned[0]
+    assert "n/a on every rank, and training goes on" in warned[0]
+    assert any(na_line in line for line in output.splitlines()), output[-3000:]
+    assert "8 steps over 2 process(es)" in output  # every step trained, on both ranks

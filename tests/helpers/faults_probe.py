@@ -189,3 +189,26 @@ class FullDisk(pl.Callback):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
         checkpoint_file._write_staged = full
+
+
+class BreakMeasurement(pl.Callback):
+    """From step ``step`` on, on rank ``rank`` only, the measurement ``name`` raises inside
+    (its figures' own method, as a bug in it would): ``idle``, ``throughput``, ``syncs``."""
+
+    def __init__(self, name: str, rank: int = 1, step: int = 0) -> None:
+        self.name, self.rank, self.step = name, rank, step
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if trainer.global_rank != self.rank or trainer.global_step != self.step:
+            return
+        from gpu_busy.idle import IdleStats
+        from gpu_busy.syncs.watched_steps import WatchedSteps
+        from gpu_busy.throughput import ThroughputStats
+
+        owner, attr = {"idle": (IdleStats, "add_step"), "throughput": (ThroughputStats, "add_step"),
+                       "syncs": (WatchedSteps, "step_ends")}[self.name]  # fmt: skip
+
+        def broken(*args, **kwargs):
+            raise ValueError(f"a bug in the measurement on rank {self.rank}")
+
+        setattr(owner, attr, broken)  # this process only: one rank's bug

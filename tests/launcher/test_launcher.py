@@ -153,7 +153,7 @@ def test_the_gpu_busy_command_is_the_launcher():
     from importlib.metadata import entry_points
 
     (command,) = entry_points(group="console_scripts", name="gpu-busy")
-    assert command.value == "gpu_busy.launcher:main"
+    assert command.value == "gpu_busy.launcher:command"
 
 
 def test_the_launchers_own_mistakes_are_one_line_and_exit_2(capsys):

@@ -24,17 +24,21 @@ from collections.abc import Iterator
 import pytest
 
 from gpu_busy.syncs.attribution import describe, not_allowed
-from gpu_busy.syncs.detector import detect_syncs
+from gpu_busy.syncs.checks import nothing_checked, watched
 
 
 @pytest.fixture
 def no_syncs():
-    """``with no_syncs(device_type="cpu"): ...`` fails the test if the block syncs."""
+    """``with no_syncs(device_type="cpu"): ...`` fails the test if the block syncs, or if
+    its tensors were all on another device (``device_type="cuda"`` on a runner without a
+    GPU would check nothing)."""
 
     @contextlib.contextmanager
     def watch(device_type: str = "cpu") -> Iterator[None]:
-        with detect_syncs(device_type=device_type) as rec:
+        with watched(device_type) as (rec, ran):
             yield
+        if ran.missed():
+            pytest.fail(f"no_syncs {nothing_checked(device_type, ran)}", pytrace=False)
         if unallowed := not_allowed(rec.events):
             pytest.fail(describe(unallowed), pytrace=False)
 

@@ -421,6 +421,18 @@ def test_the_no_syncs_fixture(no_syncs, pytester=None):
         x.sum().item()
 
 
+def test_a_sync_check_aimed_at_a_device_the_block_never_used_fails_saying_so(no_syncs):
+    # A CI gate that checked nothing must not pass: a CUDA check of CPU tensors (a runner
+    # without a GPU) names what the block used. A block with no tensor work made no sync.
+    said = "no_syncs checked nothing: the block ran no operation on a cuda tensor, only on cpu"
+    with pytest.raises(pytest.fail.Exception, match=said), no_syncs("cuda"):
+        x * 2
+    with no_syncs("cuda"):
+        pass
+    with pytest.raises(AssertionError, match='give device_type="cpu" to check it on the CPU'):
+        assert_no_syncs(lambda: x * 2, device_type="cuda")
+
+
 # -- aggregation and sampling ----------------------------------------------------------
 
 

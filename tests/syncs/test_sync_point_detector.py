@@ -717,3 +717,25 @@ def test_strict_from_the_command_line_fails_the_entry_points_fit_at_the_users_li
     monkeypatch.setenv("GPU_BUSY_STRICT_SYNCS", "maybe")
     assert main(args) != 0
     assert "GPU_BUSY_STRICT_SYNCS='maybe': give 1" in capsys.readouterr().err
+
+
+def test_strict_from_the_command_line_on_a_fit_too_short_to_check_a_step_exits_1(
+    in_tmp, monkeypatch, capsys
+):
+    """The issue's CI job: ``GPU_BUSY_STRICT_SYNCS=1 make train`` on a one-batch fit exited
+    0 whatever the step did. Now a fit that checked no step fails in one line saying how
+    to check one, whether its model syncs or not (the test above: over enough batches a
+    sync is caught at its line); a fit that checked a step and found no sync passes."""
+    main = cli_main()
+    args = ["fit", "--config", DEFAULT, "--config", DEBUG, "--data.num_workers=0",
+            "--trainer.log_every_n_steps=50"]  # fmt: skip
+    item = "--model.class_path=tests.helpers.bound_runs.ItemImageClassifier"
+    monkeypatch.setenv("GPU_BUSY_STRICT_SYNCS", "1")
+    for extra, says in (
+        (["--trainer.max_steps=1"], "checked no step: "),
+        ([item, "--trainer.max_steps=1"], "checked no step: "),
+    ):
+        assert main([*args, *extra]) == 1
+        errors = [x for x in capsys.readouterr().err.splitlines() if x.startswith("error:")]
+        assert len(errors) == 1 and says in errors[0], errors
+    assert main([*args, "--trainer.limit_train_batches=8"]) == 0

@@ -73,14 +73,16 @@ def test_two_rank_cpu_ddp_trains_disjoint_shards_and_logs_once(tmp_path):
     assert idle["rank_max"]["idle_pct"] == max(r["idle_pct"] for r in idle["ranks"])
     assert "idle/idle_pct_rank_max" in metrics and "idle/idle_other_ms_rank_max" in metrics
     # Collectives: gpu_busy's figures, sync counts and stop flag ride one gather per logging
-    # step, StopOnNonFiniteLoss's device flag a second (read a window later, no wait); none
-    # in a steady step (Lightning's per-step SIGTERM broadcast is gone too).
+    # step, StopOnNonFiniteLoss's device flag a second (read a window later, no wait), and
+    # the first logging step one more, each window member's row length over ranks (a rank
+    # whose member failed before it sends that many NaN); none in a steady step
+    # (Lightning's per-step SIGTERM broadcast is gone too).
     for rank in (0, 1):
         seen = json.loads((tmp_path / "shards" / f"collectives_rank{rank}.json").read_text())
         steps, counts = seen["steps"], seen["counts"]
         assert steps == {"logging": 2, "steady": 6}, seen
         assert counts.get("steady ours", 0) == 0 and counts.get("steady others", 0) == 0, seen
-        assert counts["logging ours"] == 2 * steps["logging"], seen
+        assert counts["logging ours"] == 2 * steps["logging"] + 1, seen
     # Files are written once, by rank zero: one version directory, one config.
     versions = sorted(p.name for p in (tmp_path / "runs" / "debug").iterdir())
     assert versions == ["version_0"]

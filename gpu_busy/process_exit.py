@@ -42,16 +42,19 @@ def end_group() -> None:
     """Destroy the default process group, where there is one: after a success only (a
     failed rank may leave the others inside a collective). No collective."""
     global _joined
-    dist = sys.modules.get("torch.distributed")
-    if dist is not None and dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
+    if _in_a_group():
+        sys.modules["torch.distributed"].destroy_process_group()
         _joined = True
 
 
 def joined_a_group() -> bool:
     """Whether this process joined a process group (still, or one ``end_group`` ended)."""
-    dist = sys.modules.get("torch.distributed")
-    return _joined or (dist is not None and dist.is_available() and dist.is_initialized())
+    return _joined or _in_a_group()
+
+
+def _in_a_group() -> bool:
+    dist = sys.modules.get("torch.distributed")  # never imported: never joined
+    return dist is not None and dist.is_available() and dist.is_initialized()
 
 
 def end_process(main: Callable[[], int | None]) -> NoReturn:
@@ -76,9 +79,8 @@ def leave(code: int) -> NoReturn:
     """End now with ``code``, having done what Python's exit does for the program (the
     threads that are not daemons joined, ``atexit`` handlers, open files flushed) but
     without finalizing the interpreter under torch's threads."""
-    main = threading.main_thread()
     for thread in threading.enumerate():
-        if thread is not main and not thread.daemon and thread is not threading.current_thread():
+        if not thread.daemon and thread is not threading.current_thread():
             thread.join()
     atexit._run_exitfuncs()  # public in effect: the handlers Python's exit would run
     streams = [o for o in gc.get_objects() if isinstance(o, io.IOBase)]

@@ -160,6 +160,7 @@ class StepClock:
         self.timer.refresh_stream()
         members = list(self.subscribers)
         rows = [None if _failed(m) else m.window_row() for m in members]
+        # asked again: a window_row that raised has just stopped its member (None: no row)
         rows = [None if _failed(m) else row for m, row in zip(members, rows, strict=True)]
         several = trainer.world_size > 1
         if several:

@@ -1,5 +1,6 @@
-"""``assert_no_syncs``: fail a test, naming each line, when a call syncs, or when it ran no
-operation on the device at all (a check that checked nothing must not pass).
+"""``assert_no_syncs``: fail a test, naming each line, when a call syncs, or when its
+tensors were all on another device than the one checked (a check that checked nothing
+must not pass).
 
 Above both the detector and the site table (it uses each), so neither imports the other.
 
@@ -46,7 +47,7 @@ def assert_no_syncs(fn: Callable[..., T], *args: Any, device_type: str = "cpu", 
 
 class DeviceOps(TorchDispatchMode):
     """Which devices a block's operations used: ``any``, one on ``device_type``'s tensors;
-    ``others``, the other devices' types seen before the first (then nothing is looked at)."""
+    ``others``, the other devices' types seen before it (after it, nothing is looked at)."""
 
     def __init__(self, device_type: str) -> None:
         super().__init__()
@@ -55,10 +56,10 @@ class DeviceOps(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         if not self.any:
-            for t in tree_leaves((args, kwargs, out)):
-                if isinstance(t, torch.Tensor):
-                    self.any = self.any or t.device.type == self.device_type
-                    self.others.add(t.device.type)
+            types = {t.device.type for t in tree_leaves((args, kwargs, out))
+                     if isinstance(t, torch.Tensor)}  # fmt: skip
+            self.any = self.device_type in types
+            self.others |= types - {self.device_type}
         return out
 
     def missed(self) -> bool:

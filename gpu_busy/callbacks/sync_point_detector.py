@@ -197,7 +197,7 @@ class SyncPointDetector(Measurement):
             step = compat.logger_step(trainer)
             first = self.steps.steps == 1  # the fit's first window just closed
             self.table.add_all(events, step=step, logging=not steady, first=first)
-            n = len(events)
+            n = sum(not e.cpu_only for e in events)  # a GPU's syncs
             self._rows.append((step, trainer.current_epoch, n, steady))
             self.totals.add(WatchedSums(1, n, int(steady), n if steady else 0))
         if not logging_now:

@@ -65,7 +65,8 @@ class IdleReport(TypedDict, total=False):
 
 class SyncsReport(TypedDict, total=False):
     summary: dict[str, Any]  # gpu_busy.report.syncs.summary's keys
-    sites: list[dict[str, Any]]  # SyncSite fields, location, per-batch costs; costliest first
+    # SyncSite fields, location, per-batch costs; costliest first, then the CPU-only reads
+    sites: list[dict[str, Any]]
 
 
 class PrefetchReport(TypedDict, total=False):

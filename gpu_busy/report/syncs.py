@@ -58,10 +58,11 @@ def end_of_fit(
             "idle_after_ms_per_batch": s.idle_per_batch(watched) if watched else None,
             "host_ms_per_batch": s.host_per_batch(watched) if watched else None,
         }
-        for s in table.ranked(watched)
+        for s in [*table.ranked(watched), *table.cpu_only()]
     ]
-    lines = [headline] + ([_cost_line(summary)] if table.sites else [])
-    if table.sites and world_size > 1:
+    counted = bool(table.ranked())
+    lines = [headline] + ([_cost_line(summary)] if counted else [])
+    if counted and world_size > 1:
         # The headline's batches are one rank's; a site's count is every rank's together.
         lines.append(f"  counts below are summed over the {world_size} ranks")
     lines += table.render(watched=watched, step_ms=summary["step_ms"])
@@ -83,7 +84,7 @@ def _summary(table, totals, world_size, batches, costs, budget, interval, fit_se
     idle = host = None
     if table.costs and totals.watched:
         idle, host = (
-            sum(getattr(s, name) for s in table.sites.values()) / totals.watched
+            sum(getattr(s, name) for s in table.ranked()) / totals.watched
             for name in ("idle_after_ms", "host_ms")
         )
     return {
@@ -97,7 +98,8 @@ def _summary(table, totals, world_size, batches, costs, budget, interval, fit_se
         "amortised_overhead": amortised,
         "interval": interval,
         "budget": budget,
-        "sites": len(table.sites),
+        "sites": len(table.ranked()),
+        "cpu_only_sites": len(table.cpu_only()),  # reads a GPU does not make (not counted)
         "step_ms": step_ms,  # a batch's wall time when not watched
         # GPU idle after syncs and the host's wait in them, per watched batch (None: CPU)
         "sync_idle_ms_per_batch": idle,

@@ -56,6 +56,10 @@ class SyncEvent:
     allowed: str | None = None  # the reason given to allow_syncs around it
     host_ms: float | None = None
     idle_after_ms: float | None = None
+    # In the CPU simulation, a line in code that branches on the device: what that means
+    # on a GPU (syncs.device_branches); ``cpu_only``: a GPU does not run the line at all.
+    branch: str = ""
+    cpu_only: bool = False
 
     @property
     def location(self) -> str:
@@ -69,6 +73,8 @@ class SyncEvent:
             where += f" (via {self.via})"
         if self.allowed:
             where += f" [allowed: {self.allowed}]"
+        if self.branch:
+            where += f" [{self.branch}]"
         return f"{where}: {self.code}" if self.code else where
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -31,6 +32,7 @@ import torch
 from gpu_busy.cuda_sync_warnings import cuda_sync_warnings, debug_mode
 from gpu_busy.syncs.attribution import ALLOWED, SyncError, SyncEvent, event_here, fix_for
 from gpu_busy.syncs.costs import SyncTimeline
+from gpu_busy.syncs.device_branches import device_branch
 from gpu_busy.syncs.layers import (
     NO_KERNEL,
     DispatchLayer,
@@ -74,6 +76,9 @@ class SyncDetector:
         self.cuda_debug = cuda_debug
         self.phase = "forward"
         self.events: list[SyncEvent] = []
+        # Reads the CPU simulation sees that a GPU would not make (syncs.device_branches):
+        # listed, never counted, never strict's.
+        self.cpu_only: list[SyncEvent] = []
         self.internal_errors = 0  # failures of the detector's own code, kept from the program
         self.inside = 0  # >0 while a recorded op runs: what it calls is not counted again
         self._ops: list[Any] = []  # ops in flight: their str() names CUDA's warnings
@@ -128,13 +133,18 @@ class SyncDetector:
         return self._stack is not None
 
     def take(self) -> list[SyncEvent]:
-        """The events so far with what they cost, removing them from ``events``."""
+        """The events so far with what they cost, removing them from ``events`` (and
+        leaving ``cpu_only`` to ``take_cpu_only``)."""
         out, self.events = self.events, []
         for i, cost in self.timeline.take().items():
             if i < len(out):
                 out[i] = dataclasses.replace(
                     out[i], host_ms=cost.host_ms, idle_after_ms=cost.idle_after_ms
                 )
+        return out
+
+    def take_cpu_only(self) -> list[SyncEvent]:
+        out, self.cpu_only = self.cpu_only, []
         return out
 
     # -- recording --
@@ -161,9 +171,13 @@ class SyncDetector:
         if forward is not None:
             event = dataclasses.replace(forward, op=op, phase=phase, aten=aten)
         else:
-            event = event_here(op, phase, aten, self.origins)
+            event = self.event_here(op, phase, aten)
         hint = fix_for(event.chain, hint, self.chain_hints)
         event = dataclasses.replace(event, hint=hint, allowed=ALLOWED.get())
+        if event.cpu_only:
+            self.cpu_only.append(event)  # seen here, not made on a GPU: not counted
+            self._untimed = None
+            return
         self.events.append(event)
         self._untimed = len(self.events) - 1 if timed else None
         if self.tracks_ops and (self._depth or not heard):
@@ -171,6 +185,16 @@ class SyncDetector:
         if self.strict and event.allowed is None:
             fix = f"; fix: {event.hint}" if event.hint else ""
             raise SyncError(f"host-device sync: {event}{fix}")
+
+    def event_here(self, op: str, phase: str, aten: str | None = None) -> SyncEvent:
+        """The event for a sync at the current line; in the simulation, with the device
+        branch it sits in (``syncs.device_branches``)."""
+        event = event_here(op, phase, aten, self.origins)
+        if self.memory.simulating:
+            branch = device_branch(sys._getframe(1), self.memory.on_device)
+            if branch is not None:
+                event = dataclasses.replace(event, branch=branch.text, cpu_only=branch.cpu_only)
+        return event
 
     def guarded(self, fn: Callable[..., T], *args: Any) -> T | None:
         """Run a piece of the detector's own machinery. Whatever goes wrong in it is counted

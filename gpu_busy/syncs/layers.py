@@ -28,7 +28,6 @@ from gpu_busy.syncs.attribution import (
     PACKAGE_DIR,
     TORCH_DIR,
     SyncEvent,
-    event_here,
 )
 from gpu_busy.syncs.costs import SyncTimeline
 from gpu_busy.syncs.memory import COPY, HostMemory
@@ -55,6 +54,8 @@ class Detector(Protocol):
         timed: bool = True,
         heard: bool = False,
     ) -> None: ...
+
+    def event_here(self, op: str, phase: str, aten: str | None = None) -> SyncEvent: ...
 
     def guarded(self, fn: Callable[..., Any], *args: Any) -> Any: ...
 
@@ -216,7 +217,7 @@ class FunctionLayer(TorchFunctionMode):
         """Remember on the autograd node that its backward syncs, and the forward line."""
         grad_fn = getattr(out, "grad_fn", None)
         if grad_fn is not None and rule.applies(self.d.memory, args, kwargs):
-            grad_fn.metadata[_BACKWARD_SYNC] = (rule, event_here(rule.label, "forward", None))
+            grad_fn.metadata[_BACKWARD_SYNC] = (rule, self.d.event_here(rule.label, "forward"))
 
 
 @contextlib.contextmanager

@@ -728,14 +728,6 @@ LIBRARY_READS: tuple[tuple[str, str], ...] = (
         "metrics of one family with the same arguments), and nothing is compared",
     ),
     (
-        # utilities/compute.py, normalize_logits_if_needed: on a CUDA tensor a torch.where,
-        # no sync; on a CPU tensor an `if not torch.all(...)`, which the simulation sees.
-        "in normalize_logits_if_needed",
-        "torchmetrics tests whether binary preds are logits: with torch.where on a GPU (no "
-        "sync), with an if on a CPU; pass thresholded preds, (logits > 0).long(), and the "
-        "step is sync-free on both",
-    ),
-    (
         # aggregation.py, BaseAggregator._cast_and_nan_check_input: `if nans.any()` at every
         # update unless nan_strategy="disable".
         "in _cast_and_nan_check_input",
@@ -783,3 +775,16 @@ FACTORIES = frozenset(
     )
     if hasattr(torch, name)
 )  # fmt: skip
+
+
+# What a library's GPU side of a branch on the device does, by (its file after
+# site-packages, the function), where that side makes no sync: the CPU side's read is then
+# "no sync on a GPU" (gpu_busy.syncs.device_branches finds the branch and both sides' lines).
+GPU_BRANCHES: dict[tuple[str, str], str] = {
+    # torchmetrics 1.9.0 utilities/compute.py, normalize_logits_if_needed: on a CPU tensor
+    # `if not torch.all((tensor >= 0) * (tensor <= 1))` (lines 232-235, a read); on any
+    # other, `torch.where(condition, sigmoid, tensor)` (lines 238-242), no read.
+    ("torchmetrics/utilities/compute.py", "normalize_logits_if_needed"): (
+        "applies sigmoid or softmax with torch.where, on the device"
+    ),
+}

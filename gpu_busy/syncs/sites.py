@@ -49,6 +49,8 @@ class SyncSite:
     via: str | None = None
     hint: str = ""
     allowed: str | None = None  # the reason given to allow_syncs, if one covered it
+    branch: str = ""  # what the line's device branch means on a GPU (SyncEvent.branch)
+    cpu_only: bool = False  # a read the CPU simulation sees and a GPU does not make
     count: int = 0  # all watched steps
     steady_count: int = 0  # watched steady steps (see WatchedSteps)
     first_count: int = 0  # at the fit's first step (set-up)
@@ -99,7 +101,8 @@ class SyncSiteTable:
             if site is None:
                 hint = fix_hint(e, self.chain_hints)
                 site = self.sites[key] = SyncSite(
-                    e.filename, e.lineno, e.op, e.phase, e.function, e.code, e.via, hint, e.allowed
+                    e.filename, e.lineno, e.op, e.phase, e.function, e.code, e.via, hint,
+                    e.allowed, e.branch, e.cpu_only,
                 )  # fmt: skip
             site.count += 1
             site.steady_count += 0 if logging else 1
@@ -130,14 +133,19 @@ class SyncSiteTable:
                 site.steps = sorted(set(site.steps) | set(other.steps))[:5]
 
     def ranked(self, watched: int | None = None) -> list[SyncSite]:
-        """Sites by the GPU idle they caused per batch when ``watched`` (the watched batches,
-        summed over ranks) is given and costs were measured, then by count."""
+        """The sites a GPU syncs at, by the GPU idle they caused per batch when ``watched``
+        (the watched batches, summed over ranks) is given and costs were measured, then by
+        count."""
 
         def key(s: SyncSite) -> tuple:
             idle = s.idle_per_batch(watched) if watched else None
             return (-(idle or 0.0), -s.steady_count, -s.count, s.location)
 
-        return sorted(self.sites.values(), key=key)
+        return sorted((s for s in self.sites.values() if not s.cpu_only), key=key)
+
+    def cpu_only(self) -> list[SyncSite]:
+        """The reads only the CPU simulation makes (``SyncEvent.cpu_only``), by count."""
+        return sorted((s for s in self.sites.values() if s.cpu_only), key=lambda s: -s.count)
 
     def render(
         self, limit: int = 20, watched: int | None = None, step_ms: float | None = None
@@ -156,11 +164,19 @@ class SyncSiteTable:
             lines.append(f"           steps {steps}")
             if s.code:
                 lines.append(f"           {s.code}")
+            if s.branch:
+                lines.append(f"           {s.branch}")
             lines.append(
                 f"           allowed: {s.allowed}" if s.allowed else f"           fix: {s.hint}"
             )
         if len(ordered) > limit:
             lines.append(f"  ... and {len(ordered) - limit} more site(s)")
+        cpu_only = self.cpu_only()
+        if cpu_only:
+            lines.append("  seen only because this run is on the CPU (not counted above):")
+        for s in cpu_only[:limit]:
+            lines.append(f"  {s.count:6d}x  {s.location}  [{s.phase}]  {s.op}")
+            lines.append(f"           {s.branch}")
         return lines
 
 
@@ -197,7 +213,12 @@ def github_annotations(items: list[SyncSite] | list[SyncEvent]) -> list[str]:
     (not libraries, not allowed ones), so that they show on the pull request's diff."""
     lines = []
     for item in items:
-        if item.allowed or item.filename.startswith("<") or is_library(item.filename):
+        if (
+            item.allowed
+            or item.cpu_only
+            or item.filename.startswith("<")
+            or is_library(item.filename)
+        ):
             continue
         count = f"{item.count}x " if isinstance(item, SyncSite) else ""
         path = item.location.rsplit(":", 1)[0]  # relative to the working directory

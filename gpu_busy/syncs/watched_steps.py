@@ -93,8 +93,9 @@ class WatchedSteps:
         self.detector.phase = name
 
     def step_ends(self, logging: bool) -> tuple[list[SyncEvent], bool] | None:
-        """Close the step's window: when it was watched, its events and whether the step
-        was steady (neither a logging step nor right after one); else None."""
+        """Close the step's window: when it was watched, its events (the CPU-only reads
+        last, ``SyncEvent.cpu_only``) and whether the step was steady (neither a logging
+        step nor right after one); else None."""
         now = self._clock()
         self._in_step = False
         watched, steady = self.watching, self._steady(logging)
@@ -158,7 +159,7 @@ class WatchedSteps:
     def _open_window(self) -> None:
         self._on_open()
         self.watching = True
-        self.detector.take()
+        self.detector.take(), self.detector.take_cpu_only()
         self.detector.__enter__()  # strict: armed by the caller's _arm, where the loop is
 
     def _close_window(self) -> list[SyncEvent]:
@@ -166,4 +167,4 @@ class WatchedSteps:
         self.detector.strict = False
         if self.detector.active:
             self.detector.__exit__(None, None, None)
-        return self.detector.take()
+        return self.detector.take() + self.detector.take_cpu_only()

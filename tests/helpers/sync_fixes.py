@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torchmetrics import MeanMetric, MetricCollection
-from torchmetrics.classification import BinaryAccuracy, MulticlassAccuracy, MulticlassF1Score
+from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score
 
 from tests.helpers.sync_cases import Tensors, _backward, _scaler, _set
 
@@ -43,13 +43,11 @@ class FixTensors(Tensors):
         # x[mask, cols] = v with one column per kept row; the column of every row, kept or
         # not, is what folds it into the mask
         self.row_cols = torch.tensor([0, 0, 2, 0], device=self.device)
-        self.scores, self.binary = self.x - 0.5, (self.x > 0.5).long()
         self.metrics = {
             name: metric.to(self.device)
             for name, metric in {
                 "accuracy": MulticlassAccuracy(3),
                 "accuracy_fixed": MulticlassAccuracy(3, average="micro", validate_args=False),
-                "binary": BinaryAccuracy(validate_args=False),
                 "mean": MeanMetric(),
                 "collection": _collection(),
                 "collection_fixed": _collection(compute_groups=False),
@@ -226,9 +224,6 @@ FIXES = [
     Fix("torchmetrics_defaults", ('average="micro"', "validate_args=False"),
         lambda t: t.metrics["accuracy"](t.logits.argmax(1), t.labels),
         lambda t: t.metrics["accuracy_fixed"](t.logits.argmax(1), t.labels)),
-    Fix("torchmetrics_binary_logits", "(logits > 0).long()",
-        lambda t: t.metrics["binary"](t.scores, t.binary),
-        lambda t: t.metrics["binary"]((t.scores > 0).long(), t.binary)),
     Fix("torchmetrics_nan_check", 'nan_strategy="disable"',
         lambda t: t.metrics["mean"](t.x), lambda t: t.mean(t.x)),
     Fix("metric_collection_groups", "compute_groups=False",

@@ -262,6 +262,42 @@ def test_strict_fails_a_module_that_reads_a_value_every_step(tmp_path):
         trainer.fit(LogsAndReads())
 
 
+class BinaryMetricOnProbabilities(LogsEveryStep):
+    """A binary torchmetrics metric fed probabilities: on a CPU tensor it tests them with an
+    if (a read), on a CUDA one with torch.where (none)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from torchmetrics.classification import BinaryAccuracy
+
+        self.accuracy = BinaryAccuracy(validate_args=False)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        self.accuracy(self.net(x).softmax(-1)[:, 1], y)
+        return super().training_step(batch, batch_idx)
+
+
+def test_a_strict_fit_with_a_cpu_only_read_passes_and_the_report_lists_it_apart(tmp_path, caplog):
+    detector = SyncPointDetector(strict=True, first_steps=100)
+    trainer = quiet_trainer(
+        max_epochs=1, log_every_n_steps=5, callbacks=[detector], default_root_dir=tmp_path,
+        logger=pl.loggers.CSVLogger(tmp_path),
+    )  # fmt: skip
+    with caplog.at_level(logging.INFO):
+        trainer.fit(BinaryMetricOnProbabilities())
+    assert detector.report["steady_syncs_per_batch"] == 0
+    assert detector.report["cpu_only_sites"] == 1
+    (site,) = detector.table.cpu_only()
+    assert site.count == 12 and site.filename == __file__
+    assert site.branch.startswith("CPU only: no sync on a GPU (torchmetrics/utilities/compute")
+    assert site not in detector.table.ranked()
+    lines = "\n".join(r.getMessage() for r in caplog.records)
+    assert "seen only because this run is on the CPU (not counted above):" in lines
+    saved = json.loads((tmp_path / "lightning_logs" / "version_0" / "syncs.json").read_text())
+    assert [s["cpu_only"] for s in saved["sites"]].count(True) == 1
+
+
 class SetsUpOnItsFirstForward(LogsEveryStep):
     """A layer that initialises on its first call and reads a value back then, once, as
     cuDNN's LSTM does on a GPU machine (its first forward: one scalar read)."""

@@ -18,7 +18,7 @@ from torchmetrics.classification import (
     MulticlassF1Score,
 )
 
-from gpu_busy.syncs import detect_syncs
+from gpu_busy.syncs import assert_no_syncs, detect_syncs
 
 LOGITS, LABELS = torch.randn(8, 5), torch.randint(0, 5, (8,))
 SCORES, BINARY = torch.randn(8), torch.randint(0, 2, (8,))
@@ -26,9 +26,13 @@ SCORES, BINARY = torch.randn(8), torch.randint(0, 2, (8,))
 
 def _syncs(metric, *inputs):
     """The syncs of a step's use of ``metric``: forward (update and the batch's value)."""
+    return _detect(metric, *inputs).events
+
+
+def _detect(metric, *inputs):
     with detect_syncs(device_type="cpu") as rec:
         metric(*inputs)
-    return rec.events
+    return rec
 
 
 # README, "A sync-free step": each row is a setting it names.
@@ -41,13 +45,13 @@ SYNC_FREE = {
         MulticlassF1Score(5, average="micro", validate_args=False),
         (LOGITS, LABELS),
     ),
-    "BinaryAccuracy(validate_args=False) on (logits > 0).long()": (
+    "BinaryAccuracy(validate_args=False) on logits": (
         BinaryAccuracy(validate_args=False),
-        ((SCORES > 0).long(), BINARY),
+        (SCORES, BINARY),
     ),
-    "BinaryF1Score(validate_args=False) on (logits > 0).long()": (
+    "BinaryF1Score(validate_args=False) on probabilities": (
         BinaryF1Score(validate_args=False),
-        ((SCORES > 0).long(), BINARY),
+        (SCORES.sigmoid(), BINARY),
     ),
     'MeanMetric(nan_strategy="disable")': (MeanMetric(nan_strategy="disable"), (SCORES,)),
     'SumMetric(nan_strategy="disable")': (SumMetric(nan_strategy="disable"), (SCORES,)),
@@ -66,7 +70,7 @@ def test_readme_names_each_sync_free_setting():
 
     readme = (ROOT / "README.md").read_text()
     for setting in ('average="micro", validate_args=False', "validate_args=False",
-                    "(logits > 0).long()", 'nan_strategy="disable"',
+                    "on logits or probabilities", 'nan_strategy="disable"',
                     "MetricCollection", "compute_groups=False"):  # fmt: skip
         assert setting in readme, setting
 
@@ -77,8 +81,6 @@ DEFAULTS = [
     ("MulticlassConfusionMatrix", MulticlassConfusionMatrix(5, validate_args=False),
      (LOGITS, LABELS), "macro"),
     ("BinaryAccuracy()", BinaryAccuracy(), ((SCORES > 0).long(), BINARY), "validate_args=False"),
-    ("BinaryAccuracy on logits", BinaryAccuracy(validate_args=False), (SCORES, BINARY),
-     "(logits > 0).long()"),
     ("MeanMetric()", MeanMetric(), (SCORES,), 'nan_strategy="disable"'),
 ]  # fmt: skip
 
@@ -91,6 +93,25 @@ def test_a_sync_inside_torchmetrics_gets_the_metrics_own_fix(name, metric, input
         assert event.filename == __file__  # the user's line that called the metric
         assert argument in event.hint, (event, event.hint)
         assert "scatter_add_" not in event.hint  # the fix for code inside torchmetrics
+
+
+@pytest.mark.parametrize("preds", ["probabilities", "logits"])
+def test_a_binary_metrics_cpu_only_test_of_its_preds_is_listed_and_not_counted(preds):
+    """torchmetrics tests whether binary preds are logits with an ``if`` on a CPU tensor
+    and a torch.where on a CUDA one (utilities/compute.py, normalize_logits_if_needed):
+    the simulation sees the if's read, a GPU makes none. strict agrees with the count."""
+    inputs = (SCORES.sigmoid() if preds == "probabilities" else SCORES, BINARY)
+    rec = _detect(BinaryAccuracy(validate_args=False), *inputs)
+    assert rec.events == []
+    (read,) = rec.cpu_only
+    assert read.cpu_only and read.filename == __file__
+    assert read.branch.startswith("CPU only: no sync on a GPU (torchmetrics/utilities/compute.py:")
+    assert "tests the device; on a GPU torchmetrics/utilities/compute.py:" in read.branch
+    assert "torch.where" in read.branch
+    metric = BinaryAccuracy(validate_args=False)  # made outside: a new metric's state is
+    with detect_syncs(device_type="cpu", strict=True):  # copied to its device (a read)
+        metric(*inputs)  # strict raises at a counted sync only
+    assert_no_syncs(metric, *inputs)
 
 
 def _collection(**settings):

@@ -38,6 +38,7 @@ from gpu_busy.callbacks.measurement import Measurement
 from gpu_busy.callbacks.ranks import gather_objects, gather_rows
 from gpu_busy.cuda_sync_warnings import debug_mode
 from gpu_busy.idle import StepTimer, SyncMarks, TimedReads
+from gpu_busy.syncs.memory import held_tensors
 
 _BACKWARD = ("on_before_backward", "on_after_backward")
 _CLOCKS: weakref.WeakKeyDictionary[pl.Trainer, StepClock] = weakref.WeakKeyDictionary()
@@ -58,6 +59,17 @@ class StepClock:
         self._at_end: list[Any] = []
         self._tokens: Any = None  # a subscriber's tokens(batch), where one counts them
         self.samples = 0  # every step's, timed or not (None: a batch had no size)
+        # A batch's samples: the module's own count where it gives one, else the first
+        # tensor's first dimension, as Lightning counts them for self.log
+        own = getattr(trainer.lightning_module, "samples_in_batch", None)
+        self._size = own if callable(own) else _batch_size
+        self.samples_counted = (
+            "the module's samples_in_batch(batch)" if callable(own)
+            else "the first dimension of the batch's first tensor, as Lightning's self.log"
+        )  # fmt: skip
+        self.samples_note: str | None = None  # where that guess may be wrong (first batch)
+        self._first_batch = not callable(own)
+        self.window_batch: Any = None  # the logging step's batch, during _log_window
         self.started = time.perf_counter()  # training's start, for the fit's monitors
         self._layer = batch_routing.Layer(f"clock-{id(self):x}", position=0)
         self._edges = (_StepEnd(self), _StepStart(self))
@@ -142,7 +154,10 @@ class StepClock:
 
     def _step_ended(self, batch: Any) -> None:
         self.timer.end_step()  # first: what follows is the callbacks' work
-        samples = _batch_size(batch)
+        samples = self._size(batch)
+        if self._first_batch:
+            self._first_batch = False
+            self.samples_note = _nested_note(batch, samples)
         self.samples = None if samples is None or self.samples is None else self.samples + samples
         self.timer.count_last(samples, self._tokens(batch) if self._tokens else None)
         for monitor in self._at_end:
@@ -153,9 +168,17 @@ class StepClock:
             for monitor in self._takers:
                 monitor.take(timings)
 
-    def _log_window(self, trainer: pl.Trainer) -> None:
+    def _log_window(self, trainer: pl.Trainer, batch: Any = None) -> None:
         """The window's steps read back, and every subscriber's window over ranks, in one
-        gather. Nothing is read of CUDA between logging steps."""
+        gather. Nothing is read of CUDA between logging steps. ``window_batch`` is the
+        logging step's batch while the members make their rows (for its shapes)."""
+        self.window_batch = batch
+        try:
+            self._gather_window(trainer)
+        finally:
+            self.window_batch = None
+
+    def _gather_window(self, trainer: pl.Trainer) -> None:
         self._give(self.timer.poll())
         self.timer.refresh_stream()
         members = list(self.subscribers)
@@ -280,7 +303,7 @@ class _StepStart(Measurement):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if compat.is_logging_step(trainer):
-            self.clock._log_window(trainer)  # a collective: every rank, at the same step
+            self.clock._log_window(trainer, batch)  # a collective: every rank, at one step
         self.clock.timer.hooks_done()
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
@@ -291,6 +314,24 @@ class _StepStart(Measurement):
 
     def on_after_backward(self, trainer, pl_module) -> None:
         self.clock.timer.backward_ended()
+
+
+def _nested_note(batch: Any, samples: int | None) -> str | None:
+    """One line where the first tensor's first dimension may not count the samples: a
+    batch of batches (task sets, a list of (x, y) pairs), or tensors that disagree on it."""
+    firsts = sorted({t.shape[0] for t in held_tensors(batch) if t.ndim})
+    items = batch.values() if isinstance(batch, dict) else batch
+    nested = isinstance(batch, list | tuple | dict) and any(
+        isinstance(item, list | tuple | dict) and held_tensors(item) for item in items
+    )
+    if not nested and len(firsts) < 2:
+        return None
+    why = "the batch holds batches" if nested else "the batch's tensors differ there"
+    return (
+        f"samples per batch counted as {samples}, the first tensor's first dimension; {why} "
+        f"(first dimensions {', '.join(map(str, firsts[:4]))}): give the LightningModule a "
+        "samples_in_batch(batch) method that returns its count"
+    )
 
 
 def _batch_size(batch: Any) -> int | None:

@@ -1,9 +1,11 @@
 """ThroughputMonitor: samples/s, FLOPs per batch, MFU and peak memory, without a sync.
 
 Unlike Lightning's, which synchronises at every batch, the time comes from the fit's step
-timer (``StepClock``); the FLOPs from PyTorch's counter around the first step (or
-``flops_per_batch=``), the peak from the datasheets' table (or ``peak_tflops=``), memory
-from the allocator's counters, read once per logging window. Figures: ``throughput/*`` and
+timer (``StepClock``); the FLOPs from PyTorch's counter around the first step, and again
+at the step after a logging step where what trains changed (``WhatTrains``: parameters
+unfrozen, a module switched to eval, the batch's shapes), or ``flops_per_batch=``; the
+peak from the datasheets' table (or ``peak_tflops=``), memory from the allocator's
+counters, read once per logging window. Figures: ``throughput/*`` and
 ``throughput.json``. Details: docs/GUIDE.md, "Throughput, MFU and memory".
 
 Example::
@@ -31,16 +33,15 @@ from gpu_busy.report import throughput as throughput_report
 from gpu_busy.report.throughput import Flops
 from gpu_busy.throughput import (
     FlopCount,
+    FlopCounts,
     MemoryPeaks,
     MemoryStats,
     ThroughputStats,
+    WhatTrains,
     peak_flops,
 )
 
 log = get_logger(__name__)
-
-# What a LightningModule runs for one batch; the wrappers count what runs inside them.
-_COUNTED_HOOKS = ("training_step", "backward")
 
 
 class ThroughputMonitor(Measurement):
@@ -49,7 +50,7 @@ class ThroughputMonitor(Measurement):
     Args:
         warmup_steps: first steps of the fit left out of the throughput (start-up).
         flops_per_batch: forward + backward FLOPs of one batch, if you know them; None
-            counts them on the fit's first batch.
+            counts them on the fit's first batch, and again where what trains changes.
         peak_tflops: the device's peak TFLOP/s for the run's precision, for a device the
             table lacks (or to override it).
         tokens: how many tokens a batch holds, as a Python int (a device tensor would have
@@ -79,8 +80,10 @@ class ThroughputMonitor(Measurement):
         self.report: dict = {}
         self._clock: StepClock | None = None
         self._memory: MemoryPeaks | None = None
-        self._count: FlopCount | None = None
-        self._counted_samples: int | None = None
+        self._count: FlopCount | None = None  # the count in progress
+        self._counts: FlopCounts | None = None  # every count of the fit
+        self._module: pl.LightningModule | None = None
+        self._counting: tuple[str, WhatTrains | None] | None = None  # why, and its state
         self._wrapped: list[Callable[[], None]] = []  # the undos of the counted hooks
         self._window = ThroughputStats()  # since the last logging step
         self._total = ThroughputStats()  # read back over the fit
@@ -91,35 +94,49 @@ class ThroughputMonitor(Measurement):
         self._memory = MemoryPeaks(trainer.strategy.root_device)
         self._window, self._total = ThroughputStats(), ThroughputStats()
         self._window_rates = []
-        self._count = FlopCount() if self.flops_per_batch is None else None
-        self._counted_samples = None
+        self._counts = FlopCounts() if self.flops_per_batch is None else None
+        self._module = pl_module
         self._run_dir = run_dir(trainer)
         self._clock = StepClock.subscribe(trainer, self)
         self._memory.start()
-        if self._count is not None:
-            self._wrap(pl_module)  # the fit's first step, counted, then unwrapped
+        if self._counts is not None:
+            self._wrap(pl_module, "the fit's first step")  # counted, then unwrapped
 
     # -- what the step clock calls --------------------------------------------------------
 
     def step_ended(self, samples: int | None) -> None:
-        if self._wrapped:
-            self._unwrap()
-            self._counted_samples = samples
-            if self._count is not None and self._count.error:
-                log.warning(
-                    "ThroughputMonitor: FLOPs not counted, MFU n/a (%s); training goes on; "
-                    "give flops_per_batch= to have them",
-                    self._count.error,
-                )
+        if not self._wrapped:
+            return
+        self._unwrap()
+        count, (why, trains) = self._count, self._counting or ("", None)
+        if count.calls == 0:
+            return  # the step ran no training_step (a skipped batch): the next one counts
+        step = self._clock.timer.steps_started - 1
+        self._counts.counted(step, count.flops, samples, trains, why, count.error)
+        if count.error:
+            log.warning(
+                "ThroughputMonitor: FLOPs of step %d not counted, MFU n/a (%s); training goes "
+                "on; give flops_per_batch= to have them",
+                step,
+                count.error,
+            )
 
     def take(self, timings) -> None:
+        counts = self._counts
         for t in timings:
-            if t.step >= max(1, self.warmup_steps):  # not start-up, nor the counted step
-                self._window.add_step(t)
+            if t.step < max(1, self.warmup_steps) or (counts and t.step in counts.counted_steps):
+                continue  # start-up, or a step slowed by the counter
+            flops = self.flops_per_batch if counts is None else counts.of_step(t.step, t.samples)
+            self._window.add_step(t, flops)
 
     def window_row(self) -> list[float]:
         window = self._window.take()
         self._total.add(window)
+        if self._counts is not None and not self._wrapped:
+            trains = WhatTrains.of(self._module, self._clock.window_batch)
+            why = self._counts.check(trains, next_step=self._clock.timer.steps_started)
+            if why:
+                self._wrap(self._module, why)  # the next step, counted
         return window.as_list() + self._memory.take_window().as_list()
 
     def log_window(self, trainer: pl.Trainer, rows: list[list[float]]) -> None:
@@ -173,6 +190,8 @@ class ThroughputMonitor(Measurement):
             precision=precision,
             clock=self._clock.timer.clock,
             warmup_steps=self.warmup_steps,
+            samples_counted=self._clock.samples_counted,
+            samples_note=self._clock.samples_note,
             window_rates=self._window_rates,
         )
         publish(trainer, "throughput", self.report, lines, self._run_dir)
@@ -180,31 +199,50 @@ class ThroughputMonitor(Measurement):
     def _flops(self) -> Flops:
         if self.flops_per_batch is not None:
             return Flops(self.flops_per_batch, None, "given (flops_per_batch=)")
-        if self._count is None or self._count.calls == 0:
+        if self._counts is None or not self._counts.segments:
             return Flops(None, None, "no training step ran")
-        if self._count.error:
-            return Flops(None, None, f"not counted ({self._count.error}); give flops_per_batch=")
-        if self._count.flops is None:
+        segments = self._counts.covered(last_step=self._clock.timer.steps_started - 1)
+        first, last = self._counts.segments[0], self._counts.segments[-1]
+        if len(segments) == 1 and first.error:
+            return Flops(None, None, f"not counted ({first.error}); give flops_per_batch=",
+                         segments)  # fmt: skip
+        if len(segments) == 1 and first.per_batch is None:
             return Flops(
                 None,
                 None,
                 "FlopCounterMode saw no matmul, convolution or attention in the first step; "
                 "give flops_per_batch=",
+                segments,
             )
-        size = self._counted_samples
-        of = f"a batch of {size}" if size else "a batch"
-        return Flops(
-            self._count.flops, size, f"FlopCounterMode, forward and backward of {of} at step 0"
-        )
+        if len(segments) == 1:
+            of = f"a batch of {first.samples}" if first.samples else "a batch"
+            how = f"FlopCounterMode, forward and backward of {of} at step {first.step}"
+            return Flops(first.per_batch, first.samples, how, segments)
+        parts = [
+            f"{_figure(s['flops_per_batch'])} at steps {s['first']}-{s['last']} ({s['why']})"
+            for s in segments
+        ]
+        how = "FlopCounterMode, counted again where what trains changed: " + "; ".join(parts)
+        return Flops(last.per_batch, last.samples, how, segments)
 
-    # -- counting the first step ----------------------------------------------------------
+    # -- counting a step ------------------------------------------------------------------
 
-    def _wrap(self, pl_module: pl.LightningModule) -> None:
-        """The module's own step and backward run inside the counter (an instance attribute
-        over the method, removed after the step)."""
+    def _wrap(self, pl_module: pl.LightningModule, why: str) -> None:
+        """The module's own step and backward run inside a new counter (an instance
+        attribute over the method, removed after the step); the step's batch says what
+        trains (``WhatTrains``) as it begins."""
+        self._count = count = FlopCount()
+        self._counting = (why, None)
+        step = pl_module.training_step
+
+        def training_step(*args: Any, **kwargs: Any) -> Any:
+            batch = args[0] if args else kwargs.get("batch")
+            self._counting = (why, WhatTrains.of(pl_module, batch))
+            return step(*args, **kwargs)
+
         self._wrapped = [
-            patch(pl_module, hook, self._count.around(getattr(pl_module, hook)))
-            for hook in _COUNTED_HOOKS
+            patch(pl_module, "training_step", count.around(training_step)),
+            patch(pl_module, "backward", count.around(pl_module.backward)),
         ]
 
     def _unwrap(self) -> None:
@@ -220,6 +258,10 @@ class ThroughputMonitor(Measurement):
         if self._clock is not None:
             self._clock.remove(trainer)
             self._clock = None
+
+
+def _figure(flops: float | None) -> str:
+    return "n/a" if flops is None else f"{flops:.3g}"
 
 
 def _num_tokens(batch: Any) -> int | None:

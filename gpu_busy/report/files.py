@@ -91,6 +91,9 @@ class ThroughputReport(TypedDict, total=False):
     steps_per_s: float | None  # per rank, the mean
     flops_per_batch: float | None  # forward + backward
     flops_counted: str  # how, or why not
+    flop_counts: list[dict[str, Any]]  # each count: first and last step it covers, why
+    samples_counted: str  # how a batch's samples were counted
+    samples_note: str | None  # where that count may be wrong (a nested batch)
     peak_tflops: float | None
     peak_source: str  # the datasheet, or why there is no peak
     achieved_tflops: float | None  # per device, the mean over ranks

@@ -9,7 +9,7 @@ Example::
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gpu_busy.report import figure, rounded
 from gpu_busy.report.files import ThroughputReport
@@ -23,9 +23,12 @@ FRAGMENTED_GIB = 1.0
 
 @dataclass(frozen=True)
 class Flops:
-    per_batch: float | None  # forward + backward of one batch; None: unknown
+    per_batch: float | None  # forward + backward of one batch (the last count); None: unknown
     samples: int | None  # the counted batch's size (None: no size, or given per batch)
     how: str  # how it was counted, or why there is no figure
+    # each count with the steps it covers (FlopCounts.covered); the FLOP/s themselves come
+    # from the timed steps' FLOPs, summed by ThroughputStats
+    counts: list[dict] = field(default_factory=list)
 
 
 def end_of_fit(
@@ -39,13 +42,17 @@ def end_of_fit(
     clock: str,
     warmup_steps: int,
     window_rates: list[float] | None = None,
+    samples_counted: str = "",
+    samples_note: str | None = None,
 ) -> tuple[ThroughputReport, list[str]]:
     """``ranks`` and ``memory`` hold each rank's sums over the fit, in rank order;
-    ``window_rates`` the samples/s of each logging window (their spread is a run's noise)."""
+    ``window_rates`` the samples/s of each logging window (their spread is a run's noise);
+    ``samples_counted`` how a batch's samples were counted, ``samples_note`` where that
+    may be wrong."""
     per_rank = []
     for rank, (stats, mem) in enumerate(zip(ranks, memory, strict=True)):
         rates = stats.rates()
-        achieved = _achieved_flops(rates, flops)
+        achieved = stats.flops_per_s()
         per_rank.append(
             {
                 "rank": rank,
@@ -69,6 +76,7 @@ def end_of_fit(
         "steps_per_s": _mean(per_rank, "steps_per_s"),
         "flops_per_batch": flops.per_batch,
         "flops_counted": flops.how,
+        "flop_counts": flops.counts,
         "peak_tflops": peak.flops / 1e12 if peak.flops else None,
         "peak_source": peak.source,
         "achieved_tflops": _mean(per_rank, "achieved_tflops"),
@@ -77,18 +85,10 @@ def end_of_fit(
         "peak_reserved_gib": _max(per_rank, "peak_reserved_gib"),
         "ranks": per_rank,
         "window_samples_per_s": list(window_rates or []),
+        "samples_counted": samples_counted,
+        "samples_note": samples_note,
     }
     return report, lines(report)
-
-
-def _achieved_flops(rates: dict[str, float | None], flops: Flops) -> float | None:
-    """FLOP/s: per sample where both sizes are known (a short last batch does fewer), else
-    per batch."""
-    if flops.per_batch is None:
-        return None
-    if flops.samples and rates["samples_per_s"] is not None:
-        return flops.per_batch / flops.samples * rates["samples_per_s"]
-    return None if rates["steps_per_s"] is None else flops.per_batch * rates["steps_per_s"]
 
 
 def _values(per_rank: list[dict], key: str) -> list[float] | None:
@@ -151,6 +151,8 @@ def lines(report: ThroughputReport) -> list[str]:
     if report["peak_tflops"] is not None:
         basis += f"; peak {report['peak_source']}"
     out = [headline(report), basis + ")"]
+    if report.get("samples_note"):
+        out.append(f"  {report['samples_note']}")
     allocated, reserved = report["peak_allocated_gib"], report["peak_reserved_gib"]
     if allocated is None or reserved is None:
         out.append("  peak memory n/a: only CUDA's caching allocator counts it")

@@ -1,7 +1,8 @@
 """Throughput, FLOPs, MFU and memory, measured without a sync: the mechanisms (no Lightning).
 
-``ThroughputStats`` sums the step timer's periods and samples; ``FlopCount`` counts one
-real batch's FLOPs with PyTorch's ``FlopCounterMode``; ``peak_flops`` looks a device's peak
+``ThroughputStats`` sums the step timer's periods, samples and FLOPs; ``FlopCount`` counts
+one real batch's FLOPs with PyTorch's ``FlopCounterMode``, ``FlopCounts`` keeps a fit's
+counts, made again where ``WhatTrains`` changes; ``peak_flops`` looks a device's peak
 up in a table of datasheet figures; ``MemoryPeaks`` reads the caching allocator's per-step
 peaks. ``gpu_busy.callbacks.ThroughputMonitor`` hooks them into a fit.
 
@@ -11,7 +12,7 @@ Example::
     peak = peak_flops(torch.cuda.get_device_name(), "bf16")
 """
 
-from gpu_busy.throughput.flops import FlopCount
+from gpu_busy.throughput.flops import FlopCount, FlopCounts, FlopSegment, WhatTrains
 from gpu_busy.throughput.memory import MemoryPeaks, MemoryStats, expandable_segments_on
 from gpu_busy.throughput.meter import ThroughputStats
 from gpu_busy.throughput.peaks import PRECISIONS, TABLE, Peak, find_device, peak_flops
@@ -20,10 +21,13 @@ __all__ = [
     "PRECISIONS",
     "TABLE",
     "FlopCount",
+    "FlopCounts",
+    "FlopSegment",
     "MemoryPeaks",
     "MemoryStats",
     "Peak",
     "ThroughputStats",
+    "WhatTrains",
     "expandable_segments_on",
     "find_device",
     "peak_flops",

@@ -29,9 +29,12 @@ class ThroughputStats(WindowSums):
     unsized_steps: int = 0  # steps whose batch had no size Lightning could find
     untokened_steps: int = 0  # steps whose batch did not say how many tokens it held
     untimed_steps: int = 0  # steps lost because the event pool ran dry
+    flops: float = 0.0  # the timed steps' FLOPs, each by the count that covers it
+    flopless_steps: int = 0  # timed steps whose FLOPs are unknown
 
-    def add_step(self, t: Any) -> None:
-        """One ``StepTiming``: its period, where it has one, with its batch's counts."""
+    def add_step(self, t: Any, flops: float | None = None) -> None:
+        """One ``StepTiming``: its period, where it has one, with its batch's counts and
+        ``flops`` (``FlopCounts.of_step``; None: unknown)."""
         if t.period_ms is None:
             self.untimed_steps += t.device_ms is None  # the event pool ran dry
             return
@@ -41,6 +44,15 @@ class ThroughputStats(WindowSums):
         self.unsized_steps += t.samples is None
         self.tokens += t.tokens or 0
         self.untokened_steps += t.tokens is None
+        self.flops += flops or 0.0
+        self.flopless_steps += flops is None
+
+    def flops_per_s(self) -> float | None:
+        """FLOP/s over the timed steps, where every one's FLOPs are known."""
+        seconds = self.device_ms / 1e3
+        if not self.steps or seconds <= 0 or self.flopless_steps or self.flops <= 0:
+            return None
+        return self.flops / seconds
 
     def rates(self) -> dict[str, float | None]:
         """samples/s, tokens/s and steps/s over the timed steps; None where unknown."""

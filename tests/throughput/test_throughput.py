@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import types
 
 import pytest
 import torch
@@ -25,9 +26,11 @@ from gpu_busy.report.throughput import Flops, end_of_fit
 from gpu_busy.throughput import (
     TABLE,
     FlopCount,
+    FlopCounts,
     MemoryPeaks,
     MemoryStats,
     ThroughputStats,
+    WhatTrains,
     peak_flops,
 )
 from template.models.resnet import cifar_resnet
@@ -240,7 +243,9 @@ def test_memory_on_a_cpu_measures_nothing():
 
 
 def _report(allocated_gib: float, reserved_gib: float, mfu_peak: float | None = 100.0):
-    stats = ThroughputStats(steps=10, device_ms=1000.0, samples=320, untokened_steps=10)
+    stats = ThroughputStats(
+        steps=10, device_ms=1000.0, samples=320, untokened_steps=10, flops=10 * 1e12
+    )
     memory = MemoryStats(2, allocated_gib * 2**30, reserved_gib * 2**30)
     peak = peak_flops("cpu", None, override_tflops=mfu_peak)
     flops = Flops(1e12, 32, "counted")
@@ -255,7 +260,7 @@ def test_the_report_gives_throughput_mfu_and_memory(monkeypatch):
     monkeypatch.delenv("PYTORCH_ALLOC_CONF", raising=False)
     report, lines = _report(8.0, 9.0)
     assert report["samples_per_s"] == pytest.approx(320)  # 10 batches of 32 in 1 s
-    assert report["achieved_tflops"] == pytest.approx(10)  # 1e12 per 32 samples
+    assert report["achieved_tflops"] == pytest.approx(10)  # 10 steps of 1e12 in 1 s
     assert report["mfu"] == pytest.approx(0.1)
     assert lines[0] == "throughput: 320 samples/s; MFU 10.0% (10.00 of 100 TFLOP/s per device)"
     assert "8.00 GiB allocated, 9.00 GiB reserved" in lines[2]
@@ -520,3 +525,108 @@ def test_the_step_clock_counts_a_batch_as_lightning_does():
     for batch in batches:
         assert _batch_size(batch) == extract_batch_size(batch)
     assert _batch_size(("no", "tensors")) is None
+
+
+# -- FLOPs that follow the model ---------------------------------------------------------
+
+
+class UnfreezesAtStep3(Wide):
+    """Its first layer frozen until step 3, as BaseFinetuning unfreezes a backbone."""
+
+    def on_train_start(self):
+        self.layer[0].requires_grad_(False)
+
+    def on_train_batch_start(self, batch, batch_idx):
+        if batch_idx == 3:
+            self.layer[0].requires_grad_(True)
+
+
+def _counted_step(model, unfrozen: bool) -> int:
+    model.layer[0].requires_grad_(unfrozen)
+    (x,) = next(iter(model.train_dataloader()))
+    count = FlopCount()
+    count.around(lambda: model.training_step((x,), 0)["loss"].backward())()
+    return count.flops
+
+
+def test_a_module_that_unfreezes_half_its_layers_is_counted_again_at_the_next_window():
+    monitor = ThroughputMonitor(warmup_steps=1)
+    quiet_trainer(max_steps=12, log_every_n_steps=2, callbacks=[monitor]).fit(UnfreezesAtStep3())
+    frozen, unfrozen = (_counted_step(UnfreezesAtStep3(), u) for u in (False, True))
+    assert unfrozen > frozen  # the first layer's weight gradient
+    # step 3 unfreezes; the window at step 3 (a logging step) sees it; step 4 is counted
+    counts = monitor.report["flop_counts"]
+    assert [(c["first"], c["last"], c["flops_per_batch"]) for c in counts] == [
+        (0, 3, frozen), (4, 11, unfrozen),
+    ]  # fmt: skip
+    assert monitor.report["flop_counts"][1]["why"] == "parameters that require grad: 2 -> 4 of 4"
+    assert monitor.report["flops_per_batch"] == unfrozen
+    assert "counted again where what trains changed" in monitor.report["flops_counted"]
+    assert (
+        "at steps 4-11 (parameters that require grad: 2 -> 4 of 4)"
+        in monitor.report["flops_counted"]
+    )
+
+
+def test_the_timed_steps_flops_come_from_the_count_that_covers_each():
+    counts = FlopCounts(limit=2)
+    model, batch = Wide(), torch.randn(64, 32)
+    state = WhatTrains.of(model, (batch,))
+    counts.counted(0, 1000.0, 64, state, "the fit's first step")
+    assert counts.check(WhatTrains.of(model, (batch[:10],)), next_step=5) is None  # short batch
+    assert counts.of_step(7, samples=32) == 500.0  # per sample
+    model.layer[0].requires_grad_(False)
+    frozen = WhatTrains.of(model, (batch,))
+    assert counts.check(frozen, next_step=10) == "parameters that require grad: 4 -> 2 of 4"
+    counts.counted(10, 600.0, 64, frozen, "parameters that require grad: 4 -> 2 of 4")
+    model.layer[0].requires_grad_(True)
+    assert counts.check(state, next_step=20) is None  # met before: its count is reused
+    assert counts.of_step(15, samples=64) == 600.0 and counts.of_step(25, samples=64) == 1000.0
+    model.eval()
+    assert counts.check(WhatTrains.of(model, (batch,)), next_step=30) is None  # the limit
+    assert counts.of_step(35, samples=64) is None  # unknown, not the last count's
+    assert [c["why"] for c in counts.covered(last_step=40)][2:] == [
+        "parameters that require grad: 2 -> 4 of 4, as counted at step 0",
+        "modules in training mode: 5 -> 0 of 5; not counted: 2 counts made already",
+    ]
+    stats = ThroughputStats()
+    stats.add_step(types.SimpleNamespace(period_ms=1000.0, samples=64, tokens=None), 1000.0)
+    assert stats.flops_per_s() == 1000.0
+    stats.add_step(types.SimpleNamespace(period_ms=1000.0, samples=64, tokens=None), None)
+    assert stats.flops_per_s() is None  # a step of unknown FLOPs: no FLOP/s for the window
+
+
+class TaskSets(Wide):
+    """A meta-learning batch: a list of two task sets, (x, y) of 32 samples each."""
+
+    def train_dataloader(self):
+        data = TensorDataset(torch.randn(8, 32, 32), torch.randint(0, 2, (8, 32)))
+        return DataLoader(data, batch_size=2, collate_fn=list)  # [(x, y), (x, y)]
+
+    def training_step(self, batch, batch_idx):
+        x = torch.cat([task[0] for task in batch])
+        return BoringModel.training_step(self, x, batch_idx)
+
+
+class CountsItsSamples(TaskSets):
+    def samples_in_batch(self, batch):
+        return sum(len(task[0]) for task in batch)
+
+
+def test_samples_per_batch_say_how_they_were_counted_and_a_module_may_count_its_own():
+    guessed = ThroughputMonitor(warmup_steps=1)
+    quiet_trainer(max_steps=6, callbacks=[guessed]).fit(TaskSets())
+    assert guessed.report["samples_counted"] == (
+        "the first dimension of the batch's first tensor, as Lightning's self.log"
+    )
+    assert guessed.report["samples_note"] == (
+        "samples per batch counted as 32, the first tensor's first dimension; the batch holds "
+        "batches (first dimensions 32): give the LightningModule a samples_in_batch(batch) "
+        "method that returns its count"
+    )
+    own = ThroughputMonitor(warmup_steps=1)
+    quiet_trainer(max_steps=6, callbacks=[own]).fit(CountsItsSamples())
+    assert own.report["samples_counted"] == "the module's samples_in_batch(batch)"
+    assert own.report["samples_note"] is None
+    seconds = own.report["timed_steps"] / own.report["steps_per_s"]
+    assert own.report["samples_per_s"] * seconds == pytest.approx(64 * own.report["timed_steps"])

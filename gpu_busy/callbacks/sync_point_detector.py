@@ -30,7 +30,7 @@ from gpu_busy.log import get_logger
 from gpu_busy.report import syncs as syncs_report
 from gpu_busy.syncs.attribution import OPTIMIZER_STEP, SyncError
 from gpu_busy.syncs.detector import SyncDetector
-from gpu_busy.syncs.memory import held_outside_parameters
+from gpu_busy.syncs.memory import held_outside_parameters, refilled_slots, tensors_in
 from gpu_busy.syncs.rules import DDP_USED_MAP, LIGHTNING_READS
 from gpu_busy.syncs.sampling import WatchedSums, WatchSchedule
 from gpu_busy.syncs.sites import SyncSiteTable, github_annotations, in_github_actions
@@ -98,6 +98,7 @@ class SyncPointDetector(Measurement):
         self._clock: StepClock | None = None
         self._first_global_step = 0
         self._made_in_init: list = []  # tensors the module keeps outside its parameters
+        self._refilled: list = []  # where it keeps them in a buffer: (owner, attribute)
         self._reset_run()
 
     def _reset_run(self, costs: bool = False) -> None:
@@ -117,6 +118,7 @@ class SyncPointDetector(Measurement):
         # Before the module's own setup and the move to the device: what __init__ made.
         if stage == "fit":  # on_train_start takes them (only a fit watches)
             self._made_in_init = held_outside_parameters(pl_module)
+            self._refilled = refilled_slots(pl_module)
 
     def on_train_start(self, trainer, pl_module) -> None:
         device_type = self.device_type or trainer.strategy.root_device.type
@@ -143,7 +145,7 @@ class SyncPointDetector(Measurement):
                 100 * self.schedule.PRIOR_EXTRA,
             )
         self.steps = WatchedSteps(
-            self.detector, self.schedule, self.strict, on_open=lambda: self._ddp_map(trainer)
+            self.detector, self.schedule, self.strict, on_open=lambda: self._window_opens(trainer)
         )
         if self.strict:  # strict covers the step and the loop's work, never a callback's hooks
             self._unwrap.callback(
@@ -243,10 +245,17 @@ class SyncPointDetector(Measurement):
         if self.steps is not None:
             self.steps.close()
 
-    def _ddp_map(self, trainer: pl.Trainer) -> None:
+    def _window_opens(self, trainer: pl.Trainer) -> None:
+        """What the detector must know as a watched step begins: DDP's map copied to the
+        host and, in the simulation, a buffer refilled since (a replay buffer that the step
+        fills with ``.to(torch.device("cpu"))``, a no-op on a CPU) is host memory still."""
+        memory = self.detector.memory
         used_map = compat.ddp_used_parameter_map(trainer)
-        if used_map is not None and self.detector is not None:
-            self.detector.memory.copies_to_host(used_map, *DDP_USED_MAP)
+        if used_map is not None:
+            memory.copies_to_host(used_map, *DDP_USED_MAP)
+        if memory.simulating:
+            for owner, name in self._refilled:
+                memory.mark_host(*tensors_in(getattr(owner, name, None)))
 
     def _phase(self, name: str) -> None:
         if self.steps is not None:

@@ -226,31 +226,61 @@ def held_outside_parameters(module: torch.nn.Module) -> list[torch.Tensor]:
     where ``__init__`` made them. A module class with its own ``_apply`` (a torchmetrics
     ``Metric`` moves its states there) is left out: it may move them; so are objects of
     the frameworks' classes (the Trainer a LightningModule holds, a dataset, a module)."""
+    return [t for t, _ in _held(module)]
+
+
+def refilled_slots(module: torch.nn.Module) -> list[tuple[Any, str]]:
+    """The attributes (``(owner, name)``) where ``held_outside_parameters`` found host
+    memory in a container (a list, tuple, deque or dict) or in a helper object: a replay
+    buffer keeps its kind when the program refills it, so ``tensors_in`` of each, at each
+    watched step, is host memory too. A bare tensor attribute of a module is not one: a
+    program may put a device result there (``self.last_loss = loss``)."""
+    slots: dict[tuple[int, str], tuple[Any, str]] = {}
+    for _, (owner, name, refilled) in _held(module):
+        if refilled:
+            slots[(id(owner), name)] = (owner, name)
+    return list(slots.values())
+
+
+def tensors_in(value: Any, depth: int = 3) -> list[torch.Tensor]:
+    """The tensors (not parameters) in ``value``: itself, or in its containers and the
+    attributes of the user's own objects, ``depth`` levels down."""
     out: list[torch.Tensor] = []
+    _walk(value, depth, lambda t, _: out.append(t), None)
+    return out
 
-    def walk(value: Any, depth: int) -> None:
-        if isinstance(value, torch.Tensor):
-            if not isinstance(value, torch.nn.Parameter):
-                out.append(value)
-        elif not depth:
-            return
-        elif isinstance(value, dict):
-            for v in value.values():
-                walk(v, depth - 1)
-        elif isinstance(value, list | tuple | set | frozenset | collections.deque):
-            for v in value:
-                walk(v, depth - 1)
-        elif _users_object(value):
-            for v in vars(value).values():
-                walk(v, depth - 1)
 
+def _held(module: torch.nn.Module) -> list[tuple[torch.Tensor, tuple[Any, str, bool]]]:
+    """Each tensor held outside parameters, with its slot: ``(owner, attribute, refilled)``,
+    ``refilled`` where it sits in a container or a helper object."""
+    out: list[tuple[torch.Tensor, tuple[Any, str, bool]]] = []
     for m in module.modules():
         if type(m)._apply is not torch.nn.Module._apply:
             continue
         for name, value in vars(m).items():
             if name not in ("_parameters", "_buffers", "_modules"):
-                walk(value, depth=3)
+                own = (m, name, not isinstance(value, torch.Tensor))  # refilled: a container
+                _walk(value, 3, lambda t, slot, own=own: out.append((t, slot or own)), None)
     return out
+
+
+def _walk(value: Any, depth: int, found: Any, slot: tuple | None) -> None:
+    """``found(tensor, slot)`` for each tensor in ``value``; ``slot`` is the helper
+    object's attribute it sits under, where there is one."""
+    if isinstance(value, torch.Tensor):
+        if not isinstance(value, torch.nn.Parameter):
+            found(value, slot)
+    elif not depth:
+        return
+    elif isinstance(value, dict):
+        for v in value.values():
+            _walk(v, depth - 1, found, slot)
+    elif isinstance(value, list | tuple | set | frozenset | collections.deque):
+        for v in value:
+            _walk(v, depth - 1, found, slot)
+    elif _users_object(value):
+        for name, v in vars(value).items():
+            _walk(v, depth - 1, found, slot or (value, name, True))
 
 
 _FRAMEWORKS = ("torch", "lightning", "pytorch_lightning", "torchmetrics", "numpy")

@@ -605,6 +605,41 @@ def test_tensors_a_helper_object_holds_are_host_memory_as_the_modules_own_are(tm
     assert site.count == 4 and "copy" in site.op.lower(), site.op
 
 
+class _RefillingSampler:
+    """The UvA energy-based model's sampler: each step takes old examples from its host
+    buffer, copies them to the device, and puts the new ones back on the host (a no-op on
+    a CPU, a device-to-host copy on a GPU), here through a device it keeps."""
+
+    def __init__(self) -> None:
+        self.examples = [torch.rand(2, 3, 32, 32) for _ in range(3)]
+        self.host = torch.device("cpu")
+
+    def sample(self, device: torch.device) -> torch.Tensor:
+        fresh = torch.rand(2, 3, 32, 32)
+        images = torch.cat([fresh, *self.examples[:2]]).to(device)  # blocking, every step
+        self.examples = [*images.to(self.host).chunk(3), *self.examples][:3]
+        return images
+
+
+class RefillsItsBuffer(ReplayBuffer):
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        del self.examples
+        self.sampler = _RefillingSampler()
+
+    def training_step(self, batch, batch_idx):
+        replay = self.sampler.sample(self.device)
+        loss = ImageClassifier.training_step(self, batch, batch_idx)
+        return loss + 0.0 * self(replay).sum()
+
+
+def test_a_buffer_a_helper_refills_every_step_is_host_memory_at_every_watched_step(tmp_path):
+    detector = SyncPointDetector(first_steps=100)
+    _fit(tmp_path, RefillsItsBuffer(width=4), [detector], limit_train_batches=6)
+    (site,) = [s for s in detector.table.sites.values() if "torch.cat([fresh" in s.code]
+    assert site.count == 6 and "copy" in site.op.lower(), site.op
+
+
 class _Graph:
     """One whole graph, moved by its own ``.to`` with no ``non_blocking``: Lightning's
     transfer copies each field blocking (PyTorch Geometric's node-level training)."""

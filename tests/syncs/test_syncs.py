@@ -308,13 +308,15 @@ def test_a_distributions_argument_check_is_fixed_by_its_own_switch():
 
 
 def test_a_torch_device_object_is_the_device_to_the_simulation_as_the_guide_says():
-    # A stated limit (docs/GUIDE.md, "What the CPU simulation cannot see"): on a CPU,
-    # torch.device("cpu") is the object a torch.cuda.is_available() branch makes, so it
-    # stands for the device; the string "cpu" and .cpu() are the host.
+    # A stated limit (docs/GUIDE.md, "What the CPU simulation cannot see"): on a CPU, a
+    # torch.device("cpu") held in a variable is the object a torch.cuda.is_available()
+    # branch makes, so it stands for the device; written on the line, as the string "cpu"
+    # and .cpu(), it is the host.
     guide = (ROOT / "docs" / "GUIDE.md").read_text()
-    assert 'x.to(torch.device("cpu"))' in guide
+    assert "x.to(device)" in guide and 'torch.device("cpu")' in guide
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     with detect_syncs(device_type="cpu") as rec:
-        x.to(torch.device("cpu"))  # device to device: no copy
+        x.to(device)  # device to device: no copy
         x.to("cpu")  # device to host: a blocking copy
     assert [e.code for e in rec.events] == ['x.to("cpu")  # device to host: a blocking copy']
 
@@ -722,3 +724,14 @@ def test_the_layers_use_only_the_detectors_declared_members_and_it_holds_its_mem
     }
     assert used - declared == set(), used - declared
     assert used >= {"memory", "record", "timeline"}  # the walk sees the layers' reads
+
+
+def test_a_move_to_the_cpu_the_line_names_is_a_copy_to_the_host_in_the_simulation():
+    """Every device is the CPU in the simulation: ``x.device`` stands for the GPU, and a
+    ``torch.device("cpu")`` written on the line for the host."""
+    x = torch.ones(3)
+    with detect_syncs(device_type="cpu") as rec:
+        x.to(x.device)
+        back = x.to(torch.device("cpu"))
+        back.sum().item()  # host memory now: no read
+    assert [e.op for e in rec.events] == ["Tensor.to (a blocking copy to the host)"]

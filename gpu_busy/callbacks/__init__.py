@@ -4,6 +4,7 @@ figures over ranks and writes them once."""
 
 from gpu_busy.callbacks.best_checkpoint import BestCheckpoint
 from gpu_busy.callbacks.checkpoint_rng_state import CheckpointRngState
+from gpu_busy.callbacks.checkpoint_writers import OneWriterPerCheckpoint
 from gpu_busy.callbacks.every_rank import EveryRankAttached
 from gpu_busy.callbacks.idle_time_monitor import IdleTimeMonitor
 from gpu_busy.callbacks.nonfinite_loss import StopOnNonFiniteLoss
@@ -21,6 +22,7 @@ __all__ = [
     "EveryRankAttached",
     "IdleTimeMonitor",
     "LoggingStepProgressBar",
+    "OneWriterPerCheckpoint",
     "RunSummary",
     "StopOnNonFiniteLoss",
     "StopOnRankFailure",

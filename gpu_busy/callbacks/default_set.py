@@ -95,6 +95,8 @@ CALLBACKS: tuple[Default, ...] = (
     Default("BestCheckpoint", ModelCheckpoint, _best, _checkpoints_on),
     Default("ModelCheckpoint (last)", ModelCheckpoint, _last, _checkpoints_on),
     Default("CheckpointRngState", cb.CheckpointRngState, lambda o: cb.CheckpointRngState()),
+    Default("OneWriterPerCheckpoint", cb.OneWriterPerCheckpoint,
+            lambda o: cb.OneWriterPerCheckpoint()),
     # refreshed at most every 0.5 s; logged metrics reach it without a wait
     Default("LoggingStepProgressBar", ProgressBar,
             lambda o: cb.LoggingStepProgressBar(refresh_rate=10), _bar_on),

@@ -629,3 +629,23 @@ def test_lightnings_refusal_of_more_gpus_than_exist_is_reworded_whole(monkeypatc
     said = "You requested gpu: [0, 1, 2, 3] But your machine only has: [0] (this machine has "
     assert line.startswith(f"trainer.accelerator=gpu trainer.devices=4: {said}")
     assert "\n" not in line
+
+
+def test_two_checkpoint_callbacks_writing_one_file_are_refused_before_either_writes(in_tmp, capsys):
+    (in_tmp / "two.yaml").write_text(
+        textwrap.dedent("""\
+        trainer:
+          callbacks:
+            - class_path: lightning.pytorch.callbacks.ModelCheckpoint
+              init_args: {monitor: val/acc, mode: max, save_last: true}
+            - class_path: lightning.pytorch.callbacks.ModelCheckpoint
+              init_args: {filename: last}
+        """)
+    )
+    assert fit("--config", "two.yaml") == 2
+    folder = ckpt_dir(in_tmp)
+    assert one_error_line(capsys) == (
+        "error: ModelCheckpoint(save_last=True) and ModelCheckpoint(filename='last') both "
+        f"write last.ckpt in {folder}: give one of them another dirpath or filename, or drop one"
+    )
+    assert not folder.exists() or not any(folder.iterdir())

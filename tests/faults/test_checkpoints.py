@@ -202,3 +202,22 @@ def test_a_disk_that_turns_read_only_mid_run_ends_in_one_line_and_keeps_the_chec
     saved = {p.name: p for p in tmp_path.rglob("*.ckpt")}
     assert "last.ckpt" in saved
     assert torch.load(saved["last.ckpt"], weights_only=True)["epoch"] == 0
+
+
+def test_checkpoint_callbacks_collide_where_one_folder_gets_one_name_twice(tmp_path):
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from gpu_busy.callbacks.checkpoint_writers import colliding
+
+    def made(**kwargs):
+        return ModelCheckpoint(**{"dirpath": tmp_path, **kwargs})
+
+    assert colliding([made(), made(monitor="loss")]) == (
+        "ModelCheckpoint(filename=None) and ModelCheckpoint(filename=None) both write "
+        f"{{epoch}}-{{step}}.ckpt in {tmp_path}: give one of them another dirpath or filename, "
+        "or drop one"
+    )
+    assert colliding([made(), made(monitor="loss", dirpath=tmp_path / "other")]) is None
+    assert colliding([made(filename="last", save_last=True)]) is None  # one writer
+    assert colliding([made(filename="best"), made(save_top_k=0, save_last=True)]) is None
+    assert "save_last=True" in colliding([made(filename="last"), made(save_last=True)])

@@ -154,3 +154,16 @@ def test_a_site_that_syncs_only_at_the_fits_first_step_says_so():
     lines = table.render()
     assert any("allclose (the fit's first step only)" in line for line in lines), lines
     assert any(".item() (the first step and logging steps only)" in line for line in lines)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_binary_metric_on_cuda_probabilities_makes_no_sync():
+    """What the CPU-only rule stands on: on a CUDA tensor torchmetrics tests the preds with
+    torch.where; CUDA's sync debug mode (armed by the detector) hears no wait."""
+    metric = BinaryAccuracy(validate_args=False).cuda()
+    preds, target = SCORES.sigmoid().cuda(), BINARY.cuda()
+    metric(preds, target)  # the first call sets up
+    with detect_syncs(device_type="cuda") as rec:
+        metric(preds, target)
+    assert rec.events == [] and rec.cpu_only == []

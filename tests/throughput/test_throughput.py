@@ -544,6 +544,7 @@ class UnfreezesAtStep3(Wide):
 def _counted_step(model, unfrozen: bool) -> int:
     model.layer[0].requires_grad_(unfrozen)
     (x,) = next(iter(model.train_dataloader()))
+    x = x.to(model.device)
     count = FlopCount()
     count.around(lambda: model.training_step((x,), 0)["loss"].backward())()
     return count.flops
@@ -630,3 +631,15 @@ def test_samples_per_batch_say_how_they_were_counted_and_a_module_may_count_its_
     assert own.report["samples_note"] is None
     seconds = own.report["timed_steps"] / own.report["steps_per_s"]
     assert own.report["samples_per_s"] * seconds == pytest.approx(64 * own.report["timed_steps"])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_a_gpu_the_recount_after_unfreezing_is_the_counters_own_count_of_an_unfrozen_step():
+    monitor = ThroughputMonitor(warmup_steps=1)
+    quiet_trainer(accelerator="gpu", max_steps=12, log_every_n_steps=2, callbacks=[monitor]).fit(
+        UnfreezesAtStep3()
+    )
+    unfrozen = _counted_step(UnfreezesAtStep3().cuda(), True)
+    assert [c["first"] for c in monitor.report["flop_counts"]] == [0, 4]
+    assert monitor.report["flop_counts"][1]["flops_per_batch"] == unfrozen

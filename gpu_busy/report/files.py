@@ -65,8 +65,8 @@ class IdleReport(TypedDict, total=False):
 
 class SyncsReport(TypedDict, total=False):
     summary: dict[str, Any]  # gpu_busy.report.syncs.summary's keys
-    # SyncSite fields, location, per-batch costs; costliest first, then the CPU-only reads
-    sites: list[dict[str, Any]]
+    sites: list[dict[str, Any]]  # SyncSite fields, location, per-batch costs; costliest first
+    cpu_only: list[dict[str, Any]]  # the reads a GPU does not make (SyncSite.cpu_only)
 
 
 class PrefetchReport(TypedDict, total=False):

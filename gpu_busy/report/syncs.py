@@ -58,15 +58,15 @@ def end_of_fit(
             "idle_after_ms_per_batch": s.idle_per_batch(watched) if watched else None,
             "host_ms_per_batch": s.host_per_batch(watched) if watched else None,
         }
-        for s in [*table.ranked(watched), *table.cpu_only()]
+        for s in table.ranked(watched)
     ]
-    counted = bool(table.ranked())
-    lines = [headline] + ([_cost_line(summary)] if counted else [])
-    if counted and world_size > 1:
+    cpu_only = [{**asdict(s), "location": s.location} for s in table.cpu_only()]
+    lines = [headline] + ([_cost_line(summary)] if sites else [])
+    if sites and world_size > 1:
         # The headline's batches are one rank's; a site's count is every rank's together.
         lines.append(f"  counts below are summed over the {world_size} ranks")
     lines += table.render(watched=watched, step_ms=summary["step_ms"])
-    return {"summary": summary, "sites": sites}, lines
+    return {"summary": summary, "sites": sites, "cpu_only": cpu_only}, lines
 
 
 def _summary(table, totals, world_size, batches, costs, budget, interval, fit_seconds) -> dict:

@@ -191,8 +191,8 @@ class SyncDetector:
         branch it sits in (``syncs.device_branches``)."""
         event = event_here(op, phase, aten, self.origins)
         if self.memory.simulating:
-            branch = device_branch(sys._getframe(1), self.memory.on_device)
-            if branch is not None:
+            branch = self.guarded(device_branch, sys._getframe(1), self.memory.on_device)
+            if branch is not None:  # None too where reading the source failed: counted
                 event = dataclasses.replace(event, branch=branch.text, cpu_only=branch.cpu_only)
         return event
 

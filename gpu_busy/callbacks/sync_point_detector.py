@@ -247,8 +247,9 @@ class SyncPointDetector(Measurement):
 
     def _window_opens(self, trainer: pl.Trainer) -> None:
         """What the detector must know as a watched step begins: DDP's map copied to the
-        host and, in the simulation, a buffer refilled since (a replay buffer that the step
-        fills with ``.to(torch.device("cpu"))``, a no-op on a CPU) is host memory still."""
+        host and, in the simulation, a buffer refilled since is host memory still (a replay
+        buffer the step fills through a ``torch.device("cpu")`` it keeps, which the
+        simulation reads as the device)."""
         memory = self.detector.memory
         used_map = compat.ddp_used_parameter_map(trainer)
         if used_map is not None:

@@ -83,7 +83,7 @@ class ThroughputMonitor(Measurement):
         self._count: FlopCount | None = None  # the count in progress
         self._counts: FlopCounts | None = None  # every count of the fit
         self._module: pl.LightningModule | None = None
-        self._counting: tuple[str, WhatTrains | None] | None = None  # why, and its state
+        self._counting: tuple[str, WhatTrains | None] = ("", None)  # why, and its state
         self._wrapped: list[Callable[[], None]] = []  # the undos of the counted hooks
         self._window = ThroughputStats()  # since the last logging step
         self._total = ThroughputStats()  # read back over the fit
@@ -105,12 +105,10 @@ class ThroughputMonitor(Measurement):
     # -- what the step clock calls --------------------------------------------------------
 
     def step_ended(self, samples: int | None) -> None:
-        if not self._wrapped:
-            return
+        if not self._wrapped or self._count.calls == 0:
+            return  # not counting, or the step ran no training_step: the next one counts
         self._unwrap()
-        count, (why, trains) = self._count, self._counting or ("", None)
-        if count.calls == 0:
-            return  # the step ran no training_step (a skipped batch): the next one counts
+        count, (why, trains) = self._count, self._counting
         step = self._clock.timer.steps_started - 1
         self._counts.counted(step, count.flops, samples, trains, why, count.error)
         if count.error:

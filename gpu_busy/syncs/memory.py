@@ -9,7 +9,9 @@ and a read of any other is. ``SyncDetector`` is one; on a GPU it asks the tensor
 from __future__ import annotations
 
 import collections
+import linecache
 import os
+import re
 import sys
 from typing import Any
 
@@ -17,10 +19,13 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils.weak import WeakIdKeyDictionary
 
-from gpu_busy.syncs.attribution import TORCH_DIR
+from gpu_busy.syncs.attribution import PACKAGE_DIR, TORCH_DIR
 from gpu_busy.syncs.rules import FACTORIES, DeviceTypeName, means_host, move_target
 
 COPY = torch.ops.aten.copy_.default
+_NAMES_THE_CPU = re.compile(r"""device\(\s*["']cpu["']\s*\)""")
+_NOT_THE_CALLER = (TORCH_DIR, PACKAGE_DIR)
+_named: dict[tuple[str, int], bool] = {}  # by (file, line): whether it writes the CPU
 
 
 class HostMemory:
@@ -60,6 +65,21 @@ class HostMemory:
             and value.device.type == self.device_type
             and not (self.simulating and value in self._host)
         )
+
+    def line_names_the_cpu(self) -> bool:
+        """In the simulation, whether the line that asked for a move (the first frame
+        outside torch and this package) writes ``torch.device("cpu")``: the host by the
+        program's own word, where any other ``torch.device`` stands for the device."""
+        frame = sys._getframe(1)
+        while frame is not None and frame.f_code.co_filename.startswith(_NOT_THE_CALLER):
+            frame = frame.f_back
+        if frame is None:
+            return False
+        key = (frame.f_code.co_filename, frame.f_lineno)
+        named = _named.get(key)
+        if named is None:
+            named = _named[key] = bool(_NAMES_THE_CPU.search(linecache.getline(*key)))
+        return named
 
     def mark_host(self, *tensors: Any) -> None:
         """In the CPU simulation, count these tensors as host memory."""

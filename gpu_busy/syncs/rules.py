@@ -14,10 +14,6 @@ Example::
 
 from __future__ import annotations
 
-import linecache
-import os
-import re
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -119,30 +115,8 @@ def means_host(d: Any, device: Any, like: torch.Tensor | None = None) -> bool:
     if device is None:
         return False
     if d.simulating and not isinstance(device, str):
-        return _line_names_the_cpu()
+        return d.line_names_the_cpu()
     return torch.device(device).type == "cpu"
-
-
-_NAMES_THE_CPU = re.compile(r"""device\(\s*["']cpu["']\s*\)""")
-_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_NOT_THE_CALLER = (os.path.dirname(os.path.abspath(torch.__file__)) + os.sep, _PACKAGE + os.sep)
-_named: dict[tuple[str, int], bool] = {}
-
-
-def _line_names_the_cpu() -> bool:
-    """Whether the line that made the call (the first frame outside torch and this
-    package) writes ``torch.device("cpu")``: the host by the program's own word."""
-    frame = sys._getframe(2)
-    while frame is not None and frame.f_code.co_filename.startswith(_NOT_THE_CALLER):
-        frame = frame.f_back
-    if frame is None:
-        return False
-    key = (frame.f_code.co_filename, frame.f_lineno)
-    named = _named.get(key)
-    if named is None:
-        line = linecache.getline(*key)
-        named = _named[key] = bool(_NAMES_THE_CPU.search(line))
-    return named
 
 
 def to_target(args: tuple, kwargs: dict) -> tuple[Any, torch.Tensor | None, bool]:

@@ -159,7 +159,8 @@ class WatchedSteps:
     def _open_window(self) -> None:
         self._on_open()
         self.watching = True
-        self.detector.take(), self.detector.take_cpu_only()
+        self.detector.take()
+        self.detector.take_cpu_only()
         self.detector.__enter__()  # strict: armed by the caller's _arm, where the loop is
 
     def _close_window(self) -> list[SyncEvent]:

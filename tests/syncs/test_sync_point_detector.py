@@ -556,10 +556,12 @@ class ReplayBuffer(ImageClassifier):
         self.examples = [torch.rand(2, 3, 32, 32) for _ in range(4)]
         self.unused_metric_copy = torch.zeros(1)
 
+    def replay(self) -> torch.Tensor:
+        return torch.cat(self.examples).to(self.device)  # the blocking copy
+
     def training_step(self, batch, batch_idx):
-        replay = torch.cat(self.examples).to(self.device)  # the blocking copy
         loss = super().training_step(batch, batch_idx)
-        return loss + 0.0 * self(replay).sum()
+        return loss + 0.0 * self(self.replay()).sum()
 
 
 def test_tensors_made_in_init_outside_parameters_are_host_memory_in_the_simulation(tmp_path):
@@ -589,10 +591,8 @@ class HelperReplay(ReplayBuffer):
         self.sampler = _Sampler()
         self.data = torch.utils.data.TensorDataset(torch.zeros(4))  # a framework's object
 
-    def training_step(self, batch, batch_idx):
-        replay = torch.cat(self.sampler.examples).to(self.device)  # the blocking copy
-        loss = ImageClassifier.training_step(self, batch, batch_idx)
-        return loss + 0.0 * self(replay).sum()
+    def replay(self) -> torch.Tensor:
+        return torch.cat(self.sampler.examples).to(self.device)  # the blocking copy
 
 
 def test_tensors_a_helper_object_holds_are_host_memory_as_the_modules_own_are(tmp_path):
@@ -622,16 +622,13 @@ class _RefillingSampler:
         return images
 
 
-class RefillsItsBuffer(ReplayBuffer):
+class RefillsItsBuffer(HelperReplay):
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
-        del self.examples
         self.sampler = _RefillingSampler()
 
-    def training_step(self, batch, batch_idx):
-        replay = self.sampler.sample(self.device)
-        loss = ImageClassifier.training_step(self, batch, batch_idx)
-        return loss + 0.0 * self(replay).sum()
+    def replay(self) -> torch.Tensor:
+        return self.sampler.sample(self.device)
 
 
 def test_a_buffer_a_helper_refills_every_step_is_host_memory_at_every_watched_step(tmp_path):

@@ -17,6 +17,9 @@ is done: the threads that are not daemons joined, the ``atexit`` handlers run (l
 flushes, ``logging.shutdown``), every open Python file flushed. Details:
 docs/ARCHITECTURE.md, "Every rank ends".
 
+A rank that ``multiprocessing`` started with ``spawn`` (Lightning's ``ddp_spawn``) runs no
+entry point of ours; ``end_spawned_rank_by_the_rule`` gives it the same end.
+
 Example::
 
     if __name__ == "__main__":
@@ -32,8 +35,11 @@ import io
 import os
 import sys
 import threading
+import warnings
 from collections.abc import Callable
 from typing import NoReturn
+
+from gpu_busy.patches import patch
 
 _joined = False  # this process destroyed a process group it had joined
 
@@ -83,12 +89,48 @@ def leave(code: int) -> NoReturn:
         if not thread.daemon and thread is not threading.current_thread():
             thread.join()
     atexit._run_exitfuncs()  # public in effect: the handlers Python's exit would run
-    streams = [o for o in gc.get_objects() if isinstance(o, io.IOBase)]
+    with warnings.catch_warnings():  # isinstance reads __class__, which some objects warn
+        warnings.simplefilter("ignore")  # of (torch.distributed.reduce_op, deprecated)
+        streams = [o for o in gc.get_objects() if isinstance(o, io.IOBase)]
     for stream in [*streams, sys.stdout, sys.stderr]:
         with contextlib.suppress(Exception):  # a stream whose device is gone: nothing to save
             if not stream.closed and stream.writable():
                 stream.flush()
     os._exit(code)
+
+
+def end_spawned_rank_by_the_rule() -> None:
+    """In a process ``multiprocessing`` spawned, end through ``leave`` as well.
+
+    A spawned child's last act is ``sys.exit(code)`` in ``multiprocessing.spawn.spawn_main``
+    (CPython's multiprocessing/spawn.py, line 123 in 3.11), with the code of the function it
+    ran: Python's exit, under the group's threads. Only that call is taken over; any other
+    ``sys.exit`` raises ``SystemExit`` as always. Children of ``fork`` and ``forkserver``
+    end with ``os._exit`` already (popen_fork.py line 73, forkserver.py line 281).
+
+    Example::
+
+        def setup(self, trainer, pl_module, stage):   # runs in every ddp_spawn rank
+            end_spawned_rank_by_the_rule()
+    """
+    import multiprocessing
+    from multiprocessing import spawn
+
+    if multiprocessing.parent_process() is None or isinstance(sys.exit, _SpawnedRankExit):
+        return
+    patch(sys, "exit", _SpawnedRankExit(sys.exit, spawn.spawn_main.__code__))  # to the end
+
+
+class _SpawnedRankExit:
+    """``sys.exit`` that ends through ``leave`` where spawn_main calls it."""
+
+    def __init__(self, python_exit: Callable[..., NoReturn], spawn_main: object) -> None:
+        self.python_exit, self.spawn_main = python_exit, spawn_main
+
+    def __call__(self, status: object = None) -> NoReturn:
+        if sys._getframe(1).f_code is self.spawn_main and joined_a_group():
+            leave(exit_code(status))
+        self.python_exit(status)
 
 
 def exit_code(value: object) -> int:

@@ -1,7 +1,8 @@
 """Every rank ends, and ends on time: 2-rank fits run again and again on a loaded machine.
 
 Each run is the real entry point on 2 CPU ranks (gloo), sharded (configs/fsdp.yaml) or
-plain DDP, started by Lightning's launcher or by two torchrun agents on loopback (one a
+plain DDP, started by Lightning's launcher, by ``ddp_spawn`` (plain only: Lightning's
+sharded strategy has no spawn launcher) or by two torchrun agents on loopback (one a
 node); the ``*-fail`` kinds have rank 1 raise after step 2. A run passes when every process
 exits with the run's code (0, or the failure's 1) within ``--bound`` seconds, none printed
 an abort (``terminate called``, ``Fatal Python error``), the second torchrun agent left
@@ -9,7 +10,7 @@ within ``--agent-gap`` seconds of the first (torchrun's exit barrier waits 300 s
 agent whose worker died), and nothing of the run is left afterwards (its process
 groups are empty).
 
-    python scripts/stress_ranks.py                    # 20 runs of each of the 4, 2 busy processes
+    python scripts/stress_ranks.py                    # 20 runs of each of the 5, 2 busy processes
     python scripts/stress_ranks.py --runs 1 --load 0 --kinds lightning-sharded torchrun-ddp
 
 Prints a line a run and a table at the end; exits 1 when any run failed. Every child
@@ -31,9 +32,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-KINDS = ("lightning-sharded", "lightning-ddp", "torchrun-sharded", "torchrun-ddp")
+KINDS = ("lightning-sharded", "lightning-ddp", "spawn-ddp", "torchrun-sharded", "torchrun-ddp")
 # rank 1 raises after step 2: every process ends with its code, 1, within the bound
-FAILING = ("lightning-fail", "torchrun-fail")
+FAILING = ("lightning-fail", "spawn-fail", "torchrun-fail")
 FAIL_AT = [
     "--trainer.callbacks+=tests.helpers.faults_probe.FailAt",
     "--trainer.callbacks.init_args.step=2",
@@ -54,13 +55,15 @@ def fit_args(sharded: bool, devices: int, nodes: int = 1) -> list[str]:
 
 
 def commands(kind: str) -> list[list[str]]:
-    """The processes one run starts: one for Lightning's launcher, an agent a node for
+    """The processes one run starts: one for Lightning's launchers, an agent a node for
     torchrun."""
     sharded = kind.endswith("sharded")
     extra = FAIL_AT if kind in FAILING else []
     train = [sys.executable, "-m", "template.train"]
     if kind.startswith("lightning"):
         return [[*train, *fit_args(sharded, devices=2), *extra]]
+    if kind.startswith("spawn"):
+        return [[*train, *fit_args(False, devices=2), "--trainer.strategy=ddp_spawn", *extra]]
     port = free_port()
     return [
         [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1",
@@ -167,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=20, help="runs of each kind (20)")
     parser.add_argument("--kinds", nargs="+", choices=KINDS + FAILING, default=list(KINDS),
-                        help="what to run (default: the 4 that succeed)")  # fmt: skip
+                        help="what to run (default: the 5 that succeed)")  # fmt: skip
     parser.add_argument("--load", type=int, default=2, help="busy processes beside them (2)")
     parser.add_argument("--bound", type=float, default=600, help="seconds a run may take")
     parser.add_argument("--agent-gap", type=float, default=60,

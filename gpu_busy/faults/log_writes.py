@@ -14,7 +14,6 @@ Example::
 
 from __future__ import annotations
 
-import functools
 import os
 from collections.abc import Iterable
 from typing import Any
@@ -26,21 +25,25 @@ log = get_logger(__name__)
 
 def guard_log_writes(loggers: Iterable[Any]) -> None:
     for logger in loggers:
-        save = getattr(logger, "save", None)
-        if callable(save) and not getattr(save, "_guarded", False):
-            logger.save = _guarded(logger, save)
+        if callable(getattr(logger, "save", None)) and not isinstance(logger.save, GuardedSave):
+            logger.save = GuardedSave(logger)
 
 
-def _guarded(logger: Any, save: Any) -> Any:
-    said = []
+class GuardedSave:
+    """A logger's ``save`` that survives its directory's loss. An object, not a closure:
+    ``ddp_spawn`` pickles the Trainer, its loggers with it, into every rank."""
 
-    @functools.wraps(save)
-    def guarded_save(*args: Any, **kwargs: Any) -> Any:
+    def __init__(self, logger: Any) -> None:
+        self.logger = logger
+        self.said = False
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        save = type(self.logger).save.__get__(self.logger)  # the class's: ours replaces it
         try:
             return save(*args, **kwargs)
         except OSError as first:
             error = first
-        folder = getattr(logger, "log_dir", None)
+        folder = getattr(self.logger, "log_dir", None)
         if isinstance(folder, str | os.PathLike) and not os.path.isdir(folder):
             try:  # deleted under the run: make it again and write what is pending
                 os.makedirs(folder, exist_ok=True)
@@ -53,16 +56,13 @@ def _guarded(logger: Any, save: Any) -> Any:
                 return result
             except OSError as again:
                 error = again
-        if not said:
-            said.append(True)
+        if not self.said:
+            self.said = True
             log.warning(
                 "cannot write the %s logs to %s (%s); training goes on without them, and "
                 "checkpoints are saved as usual",
-                type(logger).__name__,
+                type(self.logger).__name__,
                 folder,
                 error.strerror or error,
             )
         return None
-
-    guarded_save._guarded = True
-    return guarded_save

@@ -512,17 +512,19 @@ def test_a_run_directory_deleted_mid_run_costs_its_old_logs_not_the_run(tmp_path
 def test_a_log_write_that_keeps_failing_is_one_warning_and_training_goes_on(tmp_path, caplog):
     # A read-only run directory (what this test's root user cannot make: a stand-in logger).
     import logging
-    import types
 
     from gpu_busy.faults.log_writes import guard_log_writes
 
     calls = []
 
-    def save():
-        calls.append(1)
-        raise PermissionError(13, "Permission denied")
+    class ReadOnlyLogger:
+        log_dir = str(tmp_path)
 
-    logger = types.SimpleNamespace(log_dir=str(tmp_path), save=save)
+        def save(self):
+            calls.append(1)
+            raise PermissionError(13, "Permission denied")
+
+    logger = ReadOnlyLogger()
     guard_log_writes([logger])
     with caplog.at_level(logging.WARNING):
         for _ in range(3):

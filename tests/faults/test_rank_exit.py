@@ -16,7 +16,7 @@ from tests.conftest import DEBUG, DEFAULT, HANG_S, ROOT, run_entry_point
 RANK = """
 import atexit, sys, threading
 import torch, torch.distributed as dist
-from tests.helpers.exit_probe import add_forever
+from tests.helpers.exit_threads import add_forever
 
 dist.init_process_group("gloo", store=dist.FileStore("store", 1), rank=0, world_size=1)
 dist.all_reduce(torch.ones(2))
@@ -66,11 +66,62 @@ def test_an_error_is_its_traceback_and_1_and_a_process_without_a_group_exits_as_
     assert plain.returncode == 1 and plain.stderr.strip() == "said and 1"
 
 
+SPAWN = """
+import multiprocessing
+from tests.helpers.exit_threads import spawned_rank
+child = multiprocessing.get_context("spawn").Process(target=spawned_rank, args=(".", 3, {rule}))
+child.start()
+child.join()
+print(child.exitcode)
+"""
+
+
+@pytest.mark.parametrize("rule", [True, False])
+def test_a_spawned_rank_ends_with_its_code_through_the_rule_and_aborts_without_it(tmp_path, rule):
+    # ddp_spawn's ranks: multiprocessing's spawn_main ends them with sys.exit(code).
+    if not rule and sys.version_info >= (3, 14):
+        pytest.skip("3.14 hangs such threads instead")
+    result = subprocess.run([sys.executable, "-c", SPAWN.format(rule=rule)], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=120,
+                            env={"PYTHONPATH": str(ROOT)})  # fmt: skip
+    exitcode = int(result.stdout.split()[-1])
+    if rule:
+        assert exitcode == 3 and "terminate called" not in result.stderr, result.stderr[-2000:]
+        assert (tmp_path / "atexit_ran").exists()
+    else:
+        assert exitcode == -6 and "terminate called" in result.stderr, result.stderr[-2000:]
+
+
+def test_only_spawn_mains_own_exit_is_taken_over(tmp_path):
+    from gpu_busy import process_exit
+
+    rule = process_exit._SpawnedRankExit(sys.exit, process_exit.end_process.__code__)
+    with pytest.raises(SystemExit) as raised:  # called from here, not spawn_main: Python's exit
+        rule(4)
+    assert raised.value.code == 4
+
+
 @pytest.mark.slow
 def test_ddp_ranks_with_a_torch_thread_at_exit_end_with_0(tmp_path):
     result = run_entry_point(
         ["fit", "--config", DEFAULT, "--config", DEBUG, "--trainer.accelerator=cpu",
          "--trainer.devices=2", "--trainer.callbacks+=tests.helpers.exit_probe.TorchThreadAtExit"],
+        cwd=tmp_path, timeout=HANG_S,
+    )  # fmt: skip
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-3000:]
+    assert "terminate called" not in output and "fit done in" in output
+    assert "Warning" not in output.split("fit done in")[-1]  # the exit itself says nothing
+
+
+@pytest.mark.slow
+def test_ddp_spawn_ranks_through_the_entry_point_pickle_and_end_with_0(tmp_path):
+    # The Trainer travels pickled (its loggers' guarded save too); each rank's torch thread
+    # at exit would abort it through spawn_main's sys.exit: the parent then fails the run.
+    result = run_entry_point(
+        ["fit", "--config", DEFAULT, "--config", DEBUG, "--trainer.accelerator=cpu",
+         "--trainer.devices=2", "--trainer.strategy=ddp_spawn",
+         "--trainer.callbacks+=tests.helpers.exit_probe.TorchThreadAtExit"],
         cwd=tmp_path, timeout=HANG_S,
     )  # fmt: skip
     output = result.stdout + result.stderr
@@ -84,8 +135,8 @@ def test_the_stress_loop_once_each_way_ends_every_rank_on_time(tmp_path):
     loop on a loaded machine is outside the suite: docs/BENCHMARKS.md)."""
     result = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "stress_ranks.py"), "--runs", "1", "--load", "0",
-         "--kinds", "lightning-sharded", "torchrun-ddp", "torchrun-fail"],
+         "--kinds", "lightning-sharded", "torchrun-ddp", "torchrun-fail", "spawn-fail"],
         cwd=tmp_path, capture_output=True, text=True, timeout=HANG_S,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
-    assert result.stdout.count(": ok") == 3, result.stdout
+    assert result.stdout.count(": ok") == 4, result.stdout

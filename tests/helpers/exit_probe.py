@@ -10,14 +10,8 @@ from __future__ import annotations
 import threading
 
 import lightning.pytorch as pl
-import torch
 
-
-def add_forever() -> None:
-    """Torch ops, each returning to Python through pybind11's GIL release, until exit."""
-    a = torch.randn(100)
-    while True:
-        a + a
+from tests.helpers.exit_threads import add_forever
 
 
 class TorchThreadAtExit(pl.Callback):

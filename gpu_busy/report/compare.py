@@ -3,7 +3,8 @@
 Reads each run directory's files (a missing one's rows read n/a), prints one table and
 both verdicts, draws ``compare.png``, and exits 1 when B fails a gate: throughput (B below
 A by more than ``--threshold`` and beyond both runs' spread; off on a CPU), MFU, and syncs
-(on a CPU or where they changed, or with ``--sync-threshold``). Details: docs/GUIDE.md,
+(on a CPU or where they changed, or with ``--sync-threshold``); and when no gate had
+figures of both runs to compare (a gate that checked nothing). Details: docs/GUIDE.md,
 "Before and after: make compare".
 
 Example::
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import NamedTuple
 
 import gpu_busy.idle.causes as cause_table
 from gpu_busy.report import rounded, site_location
@@ -78,30 +80,42 @@ def compare(
     return lines + gates(a, b, threshold, sync_threshold)
 
 
+class Gate(NamedTuple):
+    line: str
+    failed: bool = False
+    checked: bool = True  # compared figures of both runs (not n/a, not off for the machine)
+    gain: bool = False  # B better beyond what the gate allows
+    noise: bool = False  # a throughput change within both runs' spread
+
+
 def gates(a: RunFiles, b: RunFiles, threshold: float, sync_threshold: float | None) -> list[str]:
     """One line per gate, then the outcome: ``worse:`` when a gate that is on failed,
-    ``better:`` when B has fewer syncs per steady batch or a throughput gain beyond both
-    runs' spread, else ``ok:``.
+    ``checked nothing:`` when no gate compared a figure of both runs, ``better:`` when B has
+    fewer syncs per steady batch or a throughput gain beyond both runs' spread, else
+    ``ok:``. The first two exit 1.
 
     Throughput fails only by more than ``threshold`` and beyond both runs' own spread (the
     samples/s of their logging windows): two runs of the same code are not told apart by
     noise. Off on a CPU, where it measures the machine's load. The syncs gate is on where a
     run is on a CPU or the syncs changed (allowed +0 unless ``sync_threshold`` says)."""
-    t_line, t_fails, t_gain, t_noise = _throughput_gate(a, b, threshold)
-    m_line, m_fails = _mfu_gate(a, b, threshold)
-    s_line, s_fails, fewer = _syncs_gate(a, b, sync_threshold)
-    results = [("throughput", t_fails), ("MFU", m_fails), ("syncs", s_fails)]
-    lines = [t_line, m_line, s_line]
-    failed = [name for name, fails in results if fails]
+    named = {"throughput": _throughput_gate(a, b, threshold), "MFU": _mfu_gate(a, b, threshold),
+             "syncs": _syncs_gate(a, b, sync_threshold)}  # fmt: skip
+    lines = [gate.line for gate in named.values()]
+    failed = [name for name, gate in named.items() if gate.failed]
+    gains = {"fewer syncs per steady batch": named["syncs"].gain,
+             "more throughput beyond both runs' spread": named["throughput"].gain}  # fmt: skip
     if failed:
         lines.append(f"worse: B failed the {' and '.join(failed)} gate{'s' * (len(failed) > 1)}")
-    elif fewer or t_gain:
-        gains = {"fewer syncs per steady batch": fewer,
-                 "more throughput beyond both runs' spread": t_gain}  # fmt: skip
+    elif not any(gate.checked for gate in named.values()):
+        lines.append("checked nothing: no gate had figures of both runs to compare; give each "
+                     "run a steady batch the sync check watches (more batches, or "
+                     "SyncPointDetector's first_steps=)")  # fmt: skip
+    elif any(gains.values()):
         why = [gain for gain, yes in gains.items() if yes]
         lines.append(f"better: B has {' and '.join(why)}, and failed no gate")
     else:
-        lines.append("ok: B failed no gate" + (", throughput within noise" if t_noise else ""))
+        noise = ", throughput within noise" if named["throughput"].noise else ""
+        lines.append("ok: B failed no gate" + noise)
     return lines
 
 
@@ -118,12 +132,11 @@ def _windows(run: RunFiles) -> list[float]:
     return [r for r in rates if isinstance(r, int | float)]
 
 
-def _throughput_gate(a: RunFiles, b: RunFiles, threshold: float) -> tuple[str, bool, bool, bool]:
-    """(line, failed, a gain beyond both runs' spread, within their spread)."""
+def _throughput_gate(a: RunFiles, b: RunFiles, threshold: float) -> Gate:
     label, ta = a.rate(like=b)
     _, tb = b.rate(like=a)
     if not ta or tb is None:
-        return f"throughput gate n/a: {label} not in both runs' files", False, False, False
+        return Gate(f"throughput gate n/a: {label} not in both runs' files", checked=False)
     change = (tb - ta) / ta
     wa, wb = _windows(a), _windows(b)
     if len(wa) >= 2 and len(wb) >= 2 and "steady" in label:
@@ -135,40 +148,43 @@ def _throughput_gate(a: RunFiles, b: RunFiles, threshold: float) -> tuple[str, b
         beyond, spread = True, "no logging windows to judge the noise by"
     figure = f"{label} {100 * change:+.1f}% ({spread})"
     if _on_cpu(a) or _on_cpu(b):
-        return (f"throughput gate off on a CPU, whose rate follows the machine's load: {figure}",
-                False, False, not beyond)  # fmt: skip
+        return Gate(f"throughput gate off on a CPU, whose rate follows the machine's load: "
+                    f"{figure}", checked=False, noise=not beyond)  # fmt: skip
     if not beyond:
-        return f"throughput gate passed: {figure}", False, False, True
+        return Gate(f"throughput gate passed: {figure}", noise=True)
     fails = -change > threshold
     verdict = "FAILED" if fails else "passed"
-    return (f"throughput gate {verdict}: {figure}, allowed -{100 * threshold:g}%", fails,
-            change > threshold, False)  # fmt: skip
+    return Gate(f"throughput gate {verdict}: {figure}, allowed -{100 * threshold:g}%", fails,
+                gain=change > threshold)  # fmt: skip
 
 
-def _mfu_gate(a: RunFiles, b: RunFiles, threshold: float) -> tuple[str, bool]:
+def _mfu_gate(a: RunFiles, b: RunFiles, threshold: float) -> Gate:
     ma, mb = a.figure("throughput", ("mfu",)), b.figure("throughput", ("mfu",))
     if not ma or mb is None:
-        return "MFU gate n/a: MFU not in both runs' throughput.json", False
+        return Gate("MFU gate n/a: MFU not in both runs' throughput.json", checked=False)
     fails = (ma - mb) / ma > threshold
-    return (f"MFU gate {'FAILED' if fails else 'passed'}: {100 * ma:.1f}% -> "
-            f"{100 * mb:.1f}% (allowed -{100 * threshold:g}% of A's)"), fails  # fmt: skip
+    return Gate(f"MFU gate {'FAILED' if fails else 'passed'}: {100 * ma:.1f}% -> "
+                f"{100 * mb:.1f}% (allowed -{100 * threshold:g}% of A's)", fails)  # fmt: skip
 
 
-def _syncs_gate(a: RunFiles, b: RunFiles, sync_threshold: float | None) -> tuple[str, bool, bool]:
-    """(line, failed, B has fewer)."""
+def _syncs_gate(a: RunFiles, b: RunFiles, sync_threshold: float | None) -> Gate:
     sa = a.figure("syncs", ("summary", "steady_syncs_per_batch"))
     sb = b.figure("syncs", ("summary", "steady_syncs_per_batch"))
     if sa is None or sb is None:
-        syncs = "syncs per steady batch n/a (a syncs.json is missing)"
-        return f"syncs gate n/a: {syncs}", False, False
+        why = [f"{tag}'s syncs.json is missing" if run.syncs is None else
+               f"{tag} watched no steady batch" for tag, run, figure in
+               (("A", a, sa), ("B", b, sb)) if figure is None]  # fmt: skip
+        return Gate(f"syncs gate n/a: syncs per steady batch n/a ({'; '.join(why)})",
+                    checked=False)  # fmt: skip
     syncs = f"syncs per steady batch {sa:.2f} -> {sb:.2f}"
     if sync_threshold is None:
         if not (_on_cpu(a) or _on_cpu(b) or sa != sb):
-            return f"syncs gate off: {syncs}, unchanged on a GPU", False, False
+            return Gate(f"syncs gate off: {syncs}, unchanged on a GPU")
         sync_threshold = 0.0  # a CPU's judge, and where the syncs changed
     fails = sb - sa > sync_threshold
     verdict = "FAILED" if fails else "passed"
-    return f"syncs gate {verdict}: {syncs} (allowed +{sync_threshold:g})", fails, sb < sa
+    return Gate(f"syncs gate {verdict}: {syncs} (allowed +{sync_threshold:g})", fails,
+                gain=sb < sa)  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -207,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         first_gate = next(i for i, line in enumerate(lines) if line.startswith("throughput gate"))
         lines.insert(first_gate, f"picture: {drawn}")
     print("\n".join(lines))
-    return 1 if lines[-1].startswith("worse:") else 0
+    return 1 if lines[-1].startswith(("worse:", "checked nothing:")) else 0
 
 
 def _change(a: float | None, b: float | None, unit: str = "") -> str:

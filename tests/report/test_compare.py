@@ -59,7 +59,7 @@ def test_two_real_runs_before_and_after_a_sync_fix(tmp_path, capsys):
     )
 
 
-def write_syncs(folder, per_batch: float) -> None:
+def write_syncs(folder, per_batch: float | None) -> None:
     write_report(folder, "syncs", {"summary": {"steady_syncs_per_batch": per_batch}})
 
 
@@ -79,7 +79,7 @@ def test_where_the_syncs_changed_the_syncs_gate_decides_unless_told_otherwise(tm
     )
 
 
-def write_steady(folder, device: str, windows: list[float], syncs: float) -> str:
+def write_steady(folder, device: str, windows: list[float], syncs: float | None) -> str:
     """A run's throughput.json (steady samples/s, the mean of its windows) and syncs.json."""
     write_report(folder, "throughput", {"device": device, "samples_per_s": sum(windows) /
                  len(windows), "window_samples_per_s": windows})  # fmt: skip
@@ -107,6 +107,26 @@ def test_on_a_cpu_the_syncs_decide_and_nine_fewer_are_better(tmp_path, capsys):
     out = capsys.readouterr().out.splitlines()
     assert out[-4].startswith("throughput gate off on a CPU")
     assert out[-1] == "better: B has fewer syncs per steady batch, and failed no gate"
+
+
+def test_runs_no_gate_could_compare_are_a_check_that_checked_nothing_and_fail(tmp_path, capsys):
+    # On a CPU the syncs decide; fits too short to watch a steady batch give them nothing.
+    a = write_steady(tmp_path / "a", "cpu", [900.0, 700.0], None)
+    b = write_steady(tmp_path / "b", "cpu", [500.0, 550.0], None)
+    assert main([a, b, "--picture", ""]) == 1
+    *_, gate, last = capsys.readouterr().out.strip().splitlines()
+    assert gate == ("syncs gate n/a: syncs per steady batch n/a (A watched no steady batch; "
+                    "B watched no steady batch)")  # fmt: skip
+    assert last.startswith("checked nothing: no gate had figures of both runs to compare")
+    assert "first_steps=" in last
+    (tmp_path / "a" / "syncs.json").unlink()
+    assert main([a, b, "--picture", ""]) == 1
+    assert "(A's syncs.json is missing; B watched no steady batch)" in capsys.readouterr().out
+    # one gate with figures is a check: a GPU pair whose syncs are unchanged passes
+    c = write_steady(tmp_path / "c", "NVIDIA H100", [900.0, 1000.0], None)
+    d = write_steady(tmp_path / "d", "NVIDIA H100", [950.0, 980.0], None)
+    assert main([c, d, "--picture", ""]) == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1].startswith("ok: B failed no gate")
 
 
 def write_run(folder, samples_per_s: float) -> str:

@@ -509,6 +509,25 @@ def test_a_run_directory_deleted_mid_run_costs_its_old_logs_not_the_run(tmp_path
     assert saved["global_step"] == 8 and (run / "metrics.csv").is_file()
 
 
+def test_a_guarded_logger_pickles_as_ddp_spawn_sends_it_to_every_rank(tmp_path):
+    import pickle
+
+    from lightning.pytorch.loggers import CSVLogger
+
+    from gpu_busy.faults.log_writes import GuardedSave, guard_log_writes
+
+    logger = CSVLogger(tmp_path)
+    guard_log_writes([logger])
+    guarded = logger.save
+    guard_log_writes([logger])  # a second call keeps the one guard
+    assert logger.save is guarded
+    copy = pickle.loads(pickle.dumps(logger))
+    assert isinstance(copy.save, GuardedSave) and copy.save.logger is copy
+    copy.log_metrics({"x": 1.0}, step=0)
+    copy.save()
+    assert (Path(copy.log_dir) / "metrics.csv").read_text().startswith("step,x")
+
+
 def test_a_log_write_that_keeps_failing_is_one_warning_and_training_goes_on(tmp_path, caplog):
     # A read-only run directory (what this test's root user cannot make: a stand-in logger).
     import logging

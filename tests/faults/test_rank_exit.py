@@ -92,13 +92,23 @@ def test_a_spawned_rank_ends_with_its_code_through_the_rule_and_aborts_without_i
         assert exitcode == -6 and "terminate called" in result.stderr, result.stderr[-2000:]
 
 
-def test_only_spawn_mains_own_exit_is_taken_over(tmp_path):
+def test_only_spawn_mains_own_exit_is_taken_over(monkeypatch):
     from gpu_busy import process_exit
 
-    rule = process_exit._SpawnedRankExit(sys.exit, process_exit.end_process.__code__)
-    with pytest.raises(SystemExit) as raised:  # called from here, not spawn_main: Python's exit
+    left = []
+    monkeypatch.setattr(process_exit, "joined_a_group", lambda: True)
+    monkeypatch.setattr(process_exit, "leave", left.append)
+
+    def spawn_main_stand_in(rule, code):  # its code object stands for spawn_main's
+        rule(code)
+
+    rule = process_exit._SpawnedRankExit(sys.exit, spawn_main_stand_in.__code__)
+    with pytest.raises(SystemExit) as raised:  # an exit elsewhere: Python's, as always
         rule(4)
-    assert raised.value.code == 4
+    assert raised.value.code == 4 and left == []
+    with pytest.raises(SystemExit):  # the stand-in leave returns; Python's exit follows
+        spawn_main_stand_in(rule, 3)
+    assert left == [3]
 
 
 @pytest.mark.slow

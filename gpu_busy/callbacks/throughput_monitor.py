@@ -28,7 +28,7 @@ from gpu_busy.callbacks.measurement import Measurement
 from gpu_busy.callbacks.ranks import gather_rows, log_metrics, over_ranks, publish, run_dir
 from gpu_busy.callbacks.step_clock import StepClock
 from gpu_busy.log import get_logger
-from gpu_busy.patches import patch
+from gpu_busy.patches import patch, signature_kept
 from gpu_busy.report import throughput as throughput_report
 from gpu_busy.report.throughput import Flops
 from gpu_busy.throughput import (
@@ -238,9 +238,10 @@ class ThroughputMonitor(Measurement):
             self._counting = (why, WhatTrains.of(pl_module, batch))
             return step(*args, **kwargs)
 
-        self._wrapped = [
-            patch(pl_module, "training_step", count.around(training_step)),
-            patch(pl_module, "backward", count.around(pl_module.backward)),
+        backward = pl_module.backward
+        self._wrapped = [  # Lightning reads the step's signature to choose its arguments
+            patch(pl_module, "training_step", signature_kept(step, count.around(training_step))),
+            patch(pl_module, "backward", signature_kept(backward, count.around(backward))),
         ]
 
     def _unwrap(self) -> None:

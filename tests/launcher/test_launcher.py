@@ -8,6 +8,7 @@ looks for it. ``scripts/user_train.py`` is a plain script as users write them.
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import shutil
@@ -244,12 +245,13 @@ DOMAIN = HERE / "scripts" / "domain_templates.py"
 def _values(args: list[str], out: Path, launched: bool, **env: str) -> dict:
     """``domain_templates.py`` plain or under the launcher: its logged values."""
     prefix = [sys.executable, "-m", "gpu_busy", "run"] if launched else [sys.executable]
-    ran = subprocess.run([*prefix, str(DOMAIN), *args, str(out)], cwd=out.parent,
-                         env=_env(**env), capture_output=True, text=True, timeout=HANG_S)  # fmt: skip
+    command = [*prefix, str(DOMAIN), *args, str(out)]
+    ran = subprocess.run(command, cwd=out.parent, env=_env(**env), capture_output=True,
+                         text=True, timeout=HANG_S)  # fmt: skip
     assert ran.returncode == 0, ran.stderr[-3000:]
     assert ran.stderr.count(ADDED) == int(launched), ran.stderr[-3000:]
     assert ran.stderr.count("fit done") == int(launched), ran.stderr[-3000:]
-    return __import__("json").loads(out.read_text())
+    return json.loads(out.read_text())
 
 
 @pytest.mark.slow

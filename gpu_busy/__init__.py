@@ -17,6 +17,12 @@ Example::
 
 from typing import Any
 
+from gpu_busy import lightning_names
+
+# pytorch_lightning and lightning.pytorch one package, before anything of ours imports either
+# (gpu_busy.lightning_names: a finder that imports nothing itself)
+lightning_names.make_one()
+
 __all__ = ["complete", "defaults"]
 
 

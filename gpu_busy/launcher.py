@@ -111,19 +111,49 @@ def options_from_environment() -> dict[str, Any]:
     return options  # strict: SyncPointDetector reads GPU_BUSY_STRICT_SYNCS itself
 
 
-def attach(launcher_argv: list[str]) -> Callable[[], None]:
+class Attached:
+    """What the launcher attached to in this process: Trainers given the set, and Fabric
+    objects built (a loop it cannot see)."""
+
+    def __init__(self) -> None:
+        self.trainers = 0
+        self.fabrics = 0
+
+    def nothing_line(self) -> str | None:
+        """One line saying why no Trainer got the set; None where one did."""
+        if self.trainers:
+            return None
+        from gpu_busy import lightning_names
+
+        if self.fabrics:
+            why = (f"the script trains with Fabric ({self.fabrics} Fabric object(s)), whose loop "
+                   "has no hooks to attach to; use the mechanisms in your loop "
+                   "(docs/GUIDE.md, 'A Fabric or plain PyTorch loop')")  # fmt: skip
+        elif (apart := lightning_names.apart()) and "pytorch_lightning" in sys.modules:
+            why = f"a pytorch_lightning Trainer is not one gpu_busy knows here ({apart})"
+        else:
+            why = ("the script built no Lightning Trainer (a plain PyTorch loop: see "
+                   "docs/GUIDE.md, 'A Fabric or plain PyTorch loop')")  # fmt: skip
+        return f"gpu_busy: nothing attached, nothing measured: {why}"
+
+
+def attach(launcher_argv: list[str], attached: Attached | None = None) -> Callable[[], None]:
     """From now on every Trainer this process makes gets the default set, and Lightning's
-    launcher starts the other ranks through ``launcher_argv``; returns the undo."""
+    launchers start the other ranks through ``launcher_argv``; returns the undo. ``attached``
+    counts what was attached to."""
     import lightning.pytorch as pl
+    from lightning.fabric import Fabric
 
     from gpu_busy import lightning_compat as compat
+    from gpu_busy import lightning_names
     from gpu_busy.callbacks.default_set import complete
     from gpu_busy.log import get_logger
     from gpu_busy.patches import patch
 
     log = get_logger(__name__)
     options = options_from_environment()
-    original = pl.Trainer.__init__
+    attached = attached if attached is not None else Attached()
+    original, fabric_init = pl.Trainer.__init__, Fabric.__init__
 
     @functools.wraps(original)
     def __init__(self: pl.Trainer, *args: Any, **kwargs: Any) -> None:
@@ -132,8 +162,19 @@ def attach(launcher_argv: list[str]) -> Callable[[], None]:
         if done.added or done.left_out:  # else the set was there already (the template's)
             log.info("%s", done.line())
         original(self, *args, **{**kwargs, **done.trainer_kwargs})
+        attached.trainers += 1
 
-    undo = [patch(pl.Trainer, "__init__", __init__), compat.children_run_through(launcher_argv)]
+    @functools.wraps(fabric_init)
+    def counted_fabric(self: Fabric, *args: Any, **kwargs: Any) -> None:
+        fabric_init(self, *args, **kwargs)
+        attached.fabrics += 1
+
+    undo = [
+        patch(pl.Trainer, "__init__", __init__),
+        patch(Fabric, "__init__", counted_fabric),
+        compat.children_run_through(launcher_argv),
+        lightning_names.spawned_children_too(),
+    ]
 
     def undo_all() -> None:
         for u in reversed(undo):
@@ -171,7 +212,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     os.environ.update(env)  # for this process and every rank it starts
     target = ["-m", module] if module is not None else [str(Path(script).resolve())]
-    undo = attach([sys.executable, "-m", "gpu_busy", "run", *target])
+    attached = Attached()
+    undo = attach([sys.executable, "-m", "gpu_busy", "run", *target], attached)
     from gpu_busy.syncs.attribution import SyncError
 
     try:
@@ -183,6 +225,8 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as e:
         if e.code in (None, 0):
             end_group()
+            if _said_nothing_attached(attached):
+                raise SystemExit(1) from None
         raise
     except KeyboardInterrupt:
         raise
@@ -192,7 +236,19 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         undo()
     end_group()
-    return 0
+    return 1 if _said_nothing_attached(attached) else 0
+
+
+def _said_nothing_attached(attached: Attached) -> bool:
+    """Says so where no Trainer got the set (rank zero speaking); True where that fails
+    ``--strict``: a check that checked nothing."""
+    line = attached.nothing_line()
+    if line is None:
+        return False
+    strict = os.environ.get(VARIABLES["strict"], "").strip().lower() in ("1", "true", "yes")
+    if os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0")) == "0":
+        print(f"{line}{'; --strict: exit 1' if strict else ''}", file=sys.stderr)
+    return strict
 
 
 def command() -> NoReturn:

@@ -125,26 +125,40 @@ def defer_child_observer() -> Callable[[], None]:
 
 
 def children_run_through(launcher_argv: list[str]) -> Callable[[], None]:
-    """Have Lightning's DDP launcher start a node's other ranks as ``launcher_argv`` followed
-    by this process's arguments (``sys.argv[1:]``), instead of the script alone. Returns
-    the undo.
+    """Have Lightning's DDP launchers start a node's other ranks as ``launcher_argv``
+    followed by the arguments of the command they would run (this process's, and a Hydra
+    app's own overrides), instead of the script alone. Returns the undo.
 
     Lightning's launcher starts local ranks 1..n-1 by running the command of this process
     again; a script run through ``python -m gpu_busy run`` is ``__main__`` there, and would
     be run bare.
     """
-    import sys
-
     from lightning.fabric.strategies.launchers import subprocess_script as fabric_launcher
     from lightning.pytorch.strategies.launchers import subprocess_script as launcher
 
-    def command() -> list[str]:
-        return [*launcher_argv, *sys.argv[1:]]
+    def ours(command: list[str]) -> list[str]:
+        # [python, script | -m module, *arguments]: the script's start replaced with ours
+        start = 3 if len(command) > 1 and command[1] == "-m" else 2
+        return [*launcher_argv, *command[start:]]
 
-    # Undocumented: subprocess_script._basic_subprocess_cmd (Lightning 2.0 to 2.6), a module
-    # function each launcher module looks up when it starts the other ranks (Hydra's
-    # variant, _hydra_subprocess_cmd, is left as it is: see docs/GUIDE.md).
-    undo = [patch(m, "_basic_subprocess_cmd", command) for m in (launcher, fabric_launcher)]
+    def basic(original: Callable) -> Callable:
+        return lambda: ours(list(original()))
+
+    def hydra(original: Callable) -> Callable:
+        def command(local_rank: int) -> tuple[list[str], str]:
+            argv, cwd = original(local_rank)
+            return ours(list(argv)), cwd
+
+        return command
+
+    # Undocumented: subprocess_script._basic_subprocess_cmd and _hydra_subprocess_cmd
+    # (Lightning 2.0 to 2.6), module functions each launcher module looks up when it starts
+    # the other ranks (the Hydra one where the script is a Hydra app).
+    undo = [
+        patch(m, name, wrap(getattr(m, name)))
+        for m in (launcher, fabric_launcher)
+        for name, wrap in (("_basic_subprocess_cmd", basic), ("_hydra_subprocess_cmd", hydra))
+    ]
 
     def undo_all() -> None:
         for u in undo:

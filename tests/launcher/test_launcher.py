@@ -107,12 +107,12 @@ def test_a_script_keeps_its_exit_code_its_sync_is_named_at_its_line_and_strict_f
 ):
     ran = launch([str(USER), "--exit", "3"], cwd=tmp_path)
     assert ran.returncode == 3, ran.stderr[-3000:]
-    assert ran.stdout.splitlines()[-1] == "user script done at step 12"
-    assert "user_train.py:32  [training_step]  Tensor.item()" in ran.stderr, ran.stderr[-3000:]
+    assert ran.stdout.splitlines()[-1].startswith("user script done at step 12: {'acc'")
+    assert "user_train.py:36  [training_step]  Tensor.item()" in ran.stderr, ran.stderr[-3000:]
     strict = launch(["--strict", "-m", "tests.launcher.scripts.user_train"], cwd=tmp_path)
     assert strict.returncode == 1, strict.stderr[-3000:]
     line = strict.stderr.strip().splitlines()[-1]
-    assert line.startswith("error: strict sync check failed") and "user_train.py:32" in line
+    assert line.startswith("error: strict sync check failed") and "user_train.py:36" in line
 
 
 def test_a_trainers_own_progress_bar_and_checkpoint_stay_and_the_first_line_says_so(
@@ -296,3 +296,140 @@ def test_lightnings_gan_trains_through_the_entry_point_named_on_the_command_line
                          timeout=HANG_S)  # fmt: skip
     assert ran.returncode == 0, ran.stderr[-3000:]
     assert "fit done" in ran.stderr and "8 steps" in ran.stderr, ran.stderr[-3000:]
+
+
+# -- both package names, and scripts with nothing to attach to -------------------------
+
+
+def test_both_names_are_one_package_and_a_pytorch_lightning_trainer_takes_the_set(tmp_path):
+    """This process imported gpu_busy (conftest): pytorch_lightning is lightning.pytorch,
+    its logger too, and a file of its distribution alone still imports."""
+    import logging
+
+    import lightning.pytorch as lp
+    import pytorch_lightning
+    import pytorch_lightning.__about__
+    from lightning.pytorch.demos.boring_classes import BoringModel
+
+    from gpu_busy import defaults
+    from gpu_busy.callbacks import LoggingStepProgressBar, SyncPointDetector
+
+    assert (
+        pytorch_lightning.Trainer is lp.Trainer and pytorch_lightning.__spec__.name == lp.__name__
+    )
+    assert logging.getLogger("pytorch_lightning") is logging.getLogger("lightning.pytorch")
+    trainer = pytorch_lightning.Trainer(max_steps=2, accelerator="cpu", logger=False,
+                                        default_root_dir=tmp_path, **defaults())  # fmt: skip
+    assert isinstance(trainer.progress_bar_callback, LoggingStepProgressBar)
+    assert any(isinstance(c, SyncPointDetector) for c in trainer.callbacks)
+    trainer.fit(BoringModel())
+    assert trainer.global_step == 2
+
+
+@pytest.mark.slow
+def test_pytorch_lightning_imported_first_is_the_package_gpu_busy_uses(tmp_path):
+    script = tmp_path / "first.py"
+    script.write_text(
+        "import pytorch_lightning as pl\n"
+        "import gpu_busy\n"
+        "from lightning.pytorch.demos.boring_classes import BoringModel\n"
+        "from gpu_busy.callbacks import SyncPointDetector\n"
+        "assert issubclass(SyncPointDetector, pl.Callback) and pl.__name__ == 'pytorch_lightning'\n"
+        "trainer = pl.Trainer(max_steps=2, accelerator='cpu', **gpu_busy.defaults())\n"
+        "trainer.fit(BoringModel())\n"
+        "print('steps', trainer.global_step)\n"
+    )  # fmt: skip
+    ran = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=_env(),
+                         capture_output=True, text=True, timeout=HANG_S)  # fmt: skip
+    assert ran.returncode == 0 and ran.stdout.splitlines()[-1] == "steps 2", ran.stderr[-3000:]
+    assert "fit done" in ran.stderr, ran.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_lightnings_pytorch_lightning_bug_report_runs_unchanged_with_the_set(tmp_path):
+    script = tmp_path / "pl_bug_report_model.py"
+    shutil.copy(HERE / "lightning_examples" / "pl_bug_report_model.py", script)
+    ran = launch([str(script)], cwd=tmp_path)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    assert ran.stderr.count(ADDED) == 1 and ran.stderr.count("fit done") == 1, ran.stderr[-3000:]
+    assert list(tmp_path.glob("lightning_logs/version_0/run.json")), ran.stderr[-3000:]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["one", "ddp", "ddp_spawn", "torchrun"])
+def test_a_pytorch_lightning_script_mixing_both_names_gets_the_set_on_every_rank(
+    tmp_path, strategy
+):
+    """``pl`` from pytorch_lightning, and (with 2 ranks) its own bar and checkpoint from
+    lightning.pytorch: one package, so the Trainer keeps them as its own (a plain run refuses
+    the mix: two progress bars); the sync named at its line; on one process, without the
+    mix, a plain run's values."""
+    args = [str(USER), "--record", str(tmp_path)]
+    if strategy != "one":
+        args += ["--own-bar", "--devices", "2",
+                 "--strategy", "ddp" if strategy == "torchrun" else strategy]  # fmt: skip
+    name = {"USER_TRAIN_LIGHTNING": "pytorch_lightning"}
+    if strategy == "torchrun":
+        command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                   "-m", "gpu_busy", "run", *args]  # fmt: skip
+        ran = subprocess.run(command, cwd=tmp_path, env=_env(**name), capture_output=True,
+                             text=True, timeout=HANG_S)  # fmt: skip
+    else:
+        ran = launch(args, cwd=tmp_path, **name)
+    out = ran.stdout + ran.stderr
+    assert ran.returncode == 0, out[-3000:]
+    ranks = _callbacks_by_rank(tmp_path)
+    assert len(ranks) == (1 if strategy == "one" else 2), out[-3000:]
+    bar = "TQDMProgressBar" if strategy != "one" else "LoggingStepProgressBar"
+    assert all("SyncPointDetector" in names and bar in names for names in ranks.values()), ranks
+    assert out.count("fit done") == 1, out[-3000:]
+    assert "user_train.py:36  [training_step]  Tensor.item()" in out, out[-3000:]
+    if strategy != "one":
+        assert "kept the Trainer's own ModelCheckpoint, TQDMProgressBar" in out, out[-3000:]
+    else:
+        plain = subprocess.run([sys.executable, str(USER)], cwd=tmp_path,
+                               env=_env(**name), capture_output=True, text=True,
+                               timeout=HANG_S)  # fmt: skip
+        assert plain.returncode == 0, plain.stderr[-3000:]
+        assert ran.stdout.splitlines()[-1] == plain.stdout.splitlines()[-1]
+
+
+@pytest.mark.parametrize("loop", ["plain", "fabric"])
+def test_a_script_with_no_trainer_is_told_and_strict_fails_it(loop, capsys, monkeypatch):
+    from gpu_busy.launcher import main
+
+    script = str(HERE / "scripts" / "no_trainer.py")
+    args = [script, *(["fabric"] if loop == "fabric" else [])]
+    monkeypatch.setenv("GPU_BUSY_STRICT_SYNCS", "0")  # the launcher's --strict sets it
+    assert main(["run", *args]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    why = "trains with Fabric" if loop == "fabric" else "built no Lightning Trainer"
+    assert err[-1].startswith("gpu_busy: nothing attached, nothing measured") and why in err[-1]
+    assert main(["run", "--strict", *args]) == 1
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith("--strict: exit 1")
+
+
+def test_a_hydra_apps_ranks_start_through_the_launcher_with_its_overrides(monkeypatch):
+    """Lightning starts a Hydra app's other ranks with ``_hydra_subprocess_cmd``: the
+    script's start is replaced by the launcher's, Hydra's overrides and its cwd kept."""
+    from lightning.fabric.strategies.launchers import subprocess_script as fabric_launcher
+    from lightning.pytorch.strategies.launchers import subprocess_script as launcher
+
+    from gpu_busy.lightning_compat import children_run_through
+
+    def hydras(local_rank):  # what Lightning's returns for `python src/train.py trainer=ddp`
+        return [sys.executable, "/p/src/train.py", "trainer=ddp",
+                f"hydra.job.name=train_ddp_process_{local_rank}"], "/p"  # fmt: skip
+
+    for module in (launcher, fabric_launcher):
+        monkeypatch.setattr(module, "_hydra_subprocess_cmd", hydras)
+    ours = [sys.executable, "-m", "gpu_busy", "run", "/p/src/train.py"]
+    undo = children_run_through(ours)
+    try:
+        for module in (launcher, fabric_launcher):
+            command, cwd = module._hydra_subprocess_cmd(1)
+            assert command == [*ours, "trainer=ddp", "hydra.job.name=train_ddp_process_1"]
+            assert cwd == "/p"
+    finally:
+        undo()
+    assert launcher._hydra_subprocess_cmd is hydras

@@ -1,19 +1,23 @@
 """A Lightning script as users write them, run by the launcher's tests as it is: a plain
-Trainer, ``acc.item()`` logged with ``prog_bar=True`` (line 32: the sync the report names).
+Trainer, ``acc.item()`` logged with ``prog_bar=True`` (line 36: the sync the report names).
+``USER_TRAIN_LIGHTNING=pytorch_lightning`` takes ``pl`` from that package, and the callbacks
+still from ``lightning.pytorch``: a script that mixes both names.
 
     python user_train.py [--strategy ddp --devices 2] [--own-bar] [--raise] [--exit N]
 """
 
 import argparse
+import importlib
 import os
 import sys
 from pathlib import Path
 
-import lightning.pytorch as pl
 import torch
 import torch.nn.functional as F
 from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
 from torch.utils.data import DataLoader, TensorDataset
+
+pl = importlib.import_module(os.environ.get("USER_TRAIN_LIGHTNING", "lightning.pytorch"))
 
 
 class Net(pl.LightningModule):
@@ -51,6 +55,7 @@ def main() -> int:
     parser.add_argument("--record")
     parser.add_argument("--exit", type=int, default=0)
     args = parser.parse_args()
+    torch.manual_seed(0)
     data = TensorDataset(torch.randn(512, 32), torch.randint(0, 4, (512,)))
     own = (
         [TQDMProgressBar(refresh_rate=5), ModelCheckpoint(filename="mine")] if args.own_bar else []
@@ -65,7 +70,8 @@ def main() -> int:
         enable_model_summary=False,
     )
     trainer.fit(Net(args.record), DataLoader(data, batch_size=16))
-    print(f"user script done at step {trainer.global_step}")
+    logged = {k: round(float(v), 6) for k, v in sorted(trainer.callback_metrics.items())}
+    print(f"user script done at step {trainer.global_step}: {logged}")
     return args.exit
 
 

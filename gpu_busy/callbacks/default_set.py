@@ -23,8 +23,10 @@ from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
 from lightning.pytorch.plugins.io import CheckpointIO
 
 from gpu_busy import callbacks as cb
+from gpu_busy import lightning_names
 from gpu_busy.callbacks.every_rank import EveryRankAttached
 from gpu_busy.checkpoint_io import BackgroundCheckpointIO
+from gpu_busy.log import get_logger
 
 
 @dataclass(frozen=True)
@@ -161,6 +163,9 @@ def complete(
 
     Ours go first: the rank check must run before any callback's collective set-up.
     """
+    if (apart := lightning_names.apart()) is not None:  # a pytorch_lightning Trainer would
+        # take our bar and checkpoints for plain callbacks and add its own beside them
+        get_logger(__name__).warning("gpu_busy: the set is lightning.pytorch's (%s)", apart)
     settings = settings or {}
     chosen = Options(**options)
     own_callbacks, own_plugins = _as_list(callbacks), _as_list(plugins)

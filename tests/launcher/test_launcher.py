@@ -343,6 +343,15 @@ def test_pytorch_lightning_imported_first_is_the_package_gpu_busy_uses(tmp_path)
                          capture_output=True, text=True, timeout=HANG_S)  # fmt: skip
     assert ran.returncode == 0 and ran.stdout.splitlines()[-1] == "steps 2", ran.stderr[-3000:]
     assert "fit done" in ran.stderr, ran.stderr[-3000:]
+    # both imported before gpu_busy: two packages, and the set says whose it is
+    script.write_text(
+        "import lightning.pytorch, pytorch_lightning, gpu_busy\ngpu_busy.defaults()\n"
+    )
+    ran = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=_env(),
+                         capture_output=True, text=True, timeout=HANG_S)  # fmt: skip
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    said = "the set is lightning.pytorch's (lightning.pytorch and pytorch_lightning were both"
+    assert said in ran.stderr, ran.stderr[-3000:]
 
 
 @pytest.mark.slow

@@ -242,11 +242,14 @@ def main(argv: list[str] | None = None) -> int:
 def _said_nothing_attached(attached: Attached) -> bool:
     """Says so where no Trainer got the set (rank zero speaking); True where that fails
     ``--strict``: a check that checked nothing."""
+    from gpu_busy.callbacks.sync_point_detector import strict_from_environment
+    from gpu_busy.log import current_rank
+
     line = attached.nothing_line()
     if line is None:
         return False
-    strict = os.environ.get(VARIABLES["strict"], "").strip().lower() in ("1", "true", "yes")
-    if os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0")) == "0":
+    strict = strict_from_environment()
+    if current_rank() == 0:
         print(f"{line}{'; --strict: exit 1' if strict else ''}", file=sys.stderr)
     return strict
 

@@ -27,11 +27,8 @@ Example::
 from __future__ import annotations
 
 import importlib
-import importlib.abc
 import importlib.machinery
-import importlib.metadata
 import importlib.util
-import logging
 import os
 import sys
 from collections.abc import Callable
@@ -54,17 +51,15 @@ def apart() -> str | None:
 
 
 def _version(distribution: str) -> str | None:
+    import importlib.metadata
+
     try:
         return importlib.metadata.version(distribution)
     except importlib.metadata.PackageNotFoundError:
         return None
 
 
-def _loaded(name: str) -> ModuleType | None:
-    return sys.modules.get(name)
-
-
-class _Existing(importlib.abc.Loader):
+class _Existing:  # a loader (importlib.abc.Loader's two methods; the ABC costs 7 ms)
     """Hands the import system a module that already exists under another name."""
 
     def __init__(self, module: ModuleType) -> None:
@@ -78,15 +73,19 @@ class _Existing(importlib.abc.Loader):
         module.__spec__ = self.spec  # the import system set the alias's; the module keeps its own
 
 
-class _OneName(importlib.abc.MetaPathFinder):
-    """Imports of ``alias`` and its submodules give the modules of ``real``."""
+class _OneName:  # a meta path finder: find_spec is all the import system asks
+    """Imports of ``alias`` and its submodules give the modules of ``real``, where the
+    distributions in ``pair`` are at one version."""
 
-    def __init__(self, alias: str, real: str) -> None:
-        self.alias, self.real = alias, real
+    def __init__(self, alias: str, real: str, pair: tuple[str, str, tuple[str, ...]]) -> None:
+        self.alias, self.real, self.pair = alias, real, pair
+        self._one_version: bool | None = None
 
     def find_spec(self, fullname: str, path=None, target=None):
         if fullname != self.alias and not fullname.startswith(self.alias + "."):
             return None
+        if not self._versions_agree():
+            return None  # two packages, as without us
         real_name = self.real + fullname[len(self.alias) :]
         try:
             module = importlib.import_module(real_name)
@@ -97,6 +96,19 @@ class _OneName(importlib.abc.MetaPathFinder):
         if fullname == self.alias:
             _share_logger(self.alias, self.real)
         return importlib.util.spec_from_loader(fullname, _Existing(module))
+
+    def _versions_agree(self) -> bool:
+        # Asked at the first import of the alias, not at `import gpu_busy`: importlib.metadata
+        # costs 30 ms that `import gpu_busy.prefetch` need not pay.
+        if self._one_version is None:
+            ours, other, distributions = self.pair
+            theirs_version = next(filter(None, map(_version, distributions)), None)
+            ours_version = _version("lightning")
+            self._one_version = theirs_version == ours_version
+            if not self._one_version and theirs_version and ours_version:
+                _why_apart.append(f"{other} is version {theirs_version} and {ours} is "
+                                  f"{ours_version}: install one version of both")  # fmt: skip
+        return self._one_version
 
     def _own_file(self, fullname: str):
         own = importlib.machinery.PathFinder.find_spec(self.alias.split(".")[0])
@@ -110,6 +122,8 @@ class _OneName(importlib.abc.MetaPathFinder):
 def _share_logger(alias: str, real: str) -> None:
     """``logging.getLogger(alias)`` is the real package's logger: a script that quiets
     ``pytorch_lightning`` quiets what Lightning now logs under ``lightning.pytorch``."""
+    import logging
+
     loggers = logging.Logger.manager.loggerDict
     if not isinstance(loggers.get(alias), logging.Logger):
         loggers[alias] = logging.getLogger(real)
@@ -119,22 +133,16 @@ def make_one() -> None:
     """Install the finders (once per process; ``import gpu_busy`` calls this)."""
     if any(isinstance(f, _OneName) for f in sys.meta_path) or _why_apart:
         return
-    for ours, other, distributions in PAIRS:
-        theirs_version = next(filter(None, map(_version, distributions)), None)
-        if theirs_version is None:
-            continue  # the other name is not installed: nothing to join
-        if theirs_version != (ours_version := _version("lightning")):
-            _why_apart.append(f"{other} is version {theirs_version} and {ours} is "
-                              f"{ours_version}: install one version of both")  # fmt: skip
-            continue
-        theirs, mine = _loaded(other), _loaded(ours)
+    for pair in PAIRS:
+        ours, other, _ = pair
+        theirs, mine = sys.modules.get(other), sys.modules.get(ours)
         if theirs is not None and mine is not None and theirs is not mine:
             _why_apart.append(f"{ours} and {other} were both imported before gpu_busy, as two "
                               "packages: import gpu_busy first, or run the script with "
                               "python -m gpu_busy run")  # fmt: skip
             continue
         alias, real = (ours, other) if theirs is not None and mine is None else (other, ours)
-        sys.meta_path.insert(0, _OneName(alias, real))
+        sys.meta_path.insert(0, _OneName(alias, real, pair))
 
 
 def spawned_children_too() -> Callable[[], None]:

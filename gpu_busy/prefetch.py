@@ -421,6 +421,16 @@ class PrefetchIterator(Iterator):
     caller enqueues the work that uses item N. ``limit`` caps how many items are read
     from ``source`` (so a consumer that will stop after k items never causes item k+1 to
     be read). Each batch handed out, and its copy's timing, goes into ``stats``.
+
+    ``held``: items the consumer itself reads ahead of its use (Lightning's fetcher, for a
+    loader without a length, holds one). Those count toward ``depth``, so the source is
+    read no further ahead than ``depth`` in all: an item's copy is issued when it is read,
+    and the wait for it is queued ``held`` calls later (or at the end), when the consumer
+    takes it out of its hold.
+
+    Example::
+
+        batches = PrefetchIterator(loader, copier, depth=1, held=1)  # under a one-ahead reader
     """
 
     def __init__(
@@ -431,28 +441,43 @@ class PrefetchIterator(Iterator):
         depth: int = 1,
         limit: int | None = None,
         stats: PrefetchStats | None = None,
+        held: int = 0,
     ) -> None:
         if depth < 1:
             raise ValueError(f"depth must be at least 1, got {depth}")
         self._source = iter(source)
         self.copier = copier
         self.depth = depth
+        self.held = held
         self.limit = limit
         self.stats = stats if stats is not None else PrefetchStats()
         self.reads = 0
         self._queue: deque[InFlightBatch] = deque()
+        self._in_hold: deque[InFlightBatch] = deque()  # handed out, not yet waited for
         self._exhausted = False
 
     def __next__(self) -> Any:
         if not self._queue:
             self._read()  # the first item, or the source could not keep ahead
         if not self._queue:
+            while self._in_hold:  # the consumer hands these on without asking again
+                self._finish(self._in_hold.popleft())
             raise StopIteration
         current = self._queue.popleft()
-        while len(self._queue) < self.depth and self._read():
+        while len(self._queue) < self.depth - self.held and self._read():
             pass
+        if not self.held:
+            return self._finish(current)
+        if len(self._in_hold) == self.held:
+            self._finish(self._in_hold.popleft())
+        if current.pinning is not None:  # the consumer holds the batch itself
+            current = current.pinning.result()
+        self._in_hold.append(current)
+        return current.batch
+
+    def _finish(self, in_flight: InFlightBatch) -> Any:
         self.stats.batches += 1
-        return self.copier.finish(current, self.stats)
+        return self.copier.finish(in_flight, self.stats)
 
     def _read(self) -> bool:
         if self._exhausted or (self.limit is not None and self.reads >= self.limit):

@@ -130,7 +130,11 @@ class StreamPrefetcher(Measurement):
 
         def make_iterator(items):
             limit = batch_routing.batches_left_to_read(loop, training)  # no more than Lightning's
-            return PrefetchIterator(items, self._copier, depth=self.depth, limit=limit, stats=stats)
+            # a loader without a length: Lightning's fetcher reads ahead itself, and a loader
+            # that writes on the module as it yields must be read no earlier than without us
+            _, _, held = compat.fetcher_counts(loop)
+            return PrefetchIterator(items, self._copier, depth=self.depth, limit=limit,
+                                    stats=stats, held=held)  # fmt: skip
 
         if self._layer.route(loop, make_iterator) is not None:  # newly routed
             # Read before the loader was routed (Lightning's look-ahead for a loader without

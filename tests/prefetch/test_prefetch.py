@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from gpu_busy.event_pool import EventPool
-from gpu_busy.prefetch import PrefetchIterator, PrefetchStats, StreamCopier
+from gpu_busy.prefetch import InFlightBatch, PrefetchIterator, PrefetchStats, StreamCopier
 
 
 class CountingSource:
@@ -52,6 +52,41 @@ def test_reads_depth_items_ahead_of_the_consumer(copier, depth):
         reads_when_handed.append(source.reads)
     # When item k is handed out, items k+1..k+depth have already been read (and moved).
     assert reads_when_handed == [min(k + 1 + depth, 6) for k in range(6)]
+
+
+class OrderedCopier:
+    """A copier that writes down, in order, each copy issued and each wait queued on the
+    compute stream: what a CUDA copier does at ``start`` and ``finish``."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def start(self, item):
+        self.calls.append(f"copy {int(item[0, 0])}")
+        return InFlightBatch(item)
+
+    def finish(self, in_flight, stats):
+        self.calls.append(f"wait {int(in_flight.batch[0, 0])}")
+        return in_flight.batch
+
+
+def test_under_a_reader_that_holds_one_the_source_is_read_no_further_ahead():
+    """Lightning's fetcher, for a loader without a length, reads one batch into its hold at
+    ``iter()``, and for each step pops the batch the step takes and reads the next: the
+    copy starts at that read, a step ahead, and the wait is queued as the batch leaves the
+    hold, just before its step; the source is read as far as without the prefetcher."""
+    source, ordered = CountingSource(3), OrderedCopier()
+    batches = PrefetchIterator(source, ordered, depth=1, held=1)
+    hold, step = [next(batches)], 0
+    while hold:
+        taken = hold.pop(0)
+        with contextlib.suppress(StopIteration):
+            hold.append(next(batches))
+        assert int(taken[0, 0]) == step and source.reads == min(step + 2, 3)
+        ordered.calls.append(f"step {step}")
+        step += 1
+    assert ordered.calls == ["copy 0", "copy 1", "wait 0", "step 0", "copy 2", "wait 1",
+                             "step 1", "wait 2", "step 2"]  # fmt: skip
 
 
 def test_limit_caps_reads_from_the_source(copier):

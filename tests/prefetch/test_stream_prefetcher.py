@@ -178,6 +178,17 @@ def test_batch_n_plus_one_is_read_before_step_n_runs(tmp_path):
     assert fetched.reads_at_step == [bs * min(n + 2, steps) for n in range(steps)]
 
 
+def test_a_loader_without_a_length_is_read_as_far_ahead_as_without_the_prefetcher(tmp_path):
+    """Lightning's fetcher already holds one batch of such a loader: the prefetcher copies
+    that one instead of reading another (a loader that writes on the module as it yields,
+    as Lightning's PPO example does, logs what it logs without us)."""
+    module_args = {"train": StreamOfNumbers(16)}
+    trainer_args = {"max_epochs": 1, "limit_val_batches": 0}
+    plain, _, _ = run("fit", module_args, trainer_args, tmp_path)
+    fetched, _, _ = run("fit", module_args, trainer_args, tmp_path, StreamPrefetcher())
+    assert fetched.reads_at_step == plain.reads_at_step and fetched.seen == plain.seen
+
+
 def test_deeper_lookahead(tmp_path):
     module_args = {"train": Numbers(16), "batch_size": 2}
     fetched, reads, _ = run(

@@ -15,10 +15,11 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+import lightning.pytorch as pl
 from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
 from lightning.pytorch.plugins.io import CheckpointIO
 
@@ -148,9 +149,14 @@ class Completed:
 
 
 def _as_list(value: Any) -> list[Any]:
+    """The items of a Trainer's ``callbacks`` or ``plugins`` as Lightning reads them
+    (``callback_connector.py``, ``accelerator_connector.py``): a Callback, or an object that
+    is not iterable, stands alone; any iterable gives its items (Hydra passes a ListConfig)."""
     if value is None:
         return []
-    return list(value) if isinstance(value, list | tuple) else [value]
+    if isinstance(value, pl.Callback) or not isinstance(value, Iterable):
+        return [value]
+    return list(value)
 
 
 def complete(

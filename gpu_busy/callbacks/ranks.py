@@ -99,11 +99,13 @@ def log_metrics(
 
 
 def run_dir(trainer: pl.Trainer) -> Path | None:
-    """The run's log directory; None without a logger (it would be the working directory).
+    """The run's directory, as Lightning names it (``Trainer.log_dir``: the first logger's
+    folder, and without a logger ``default_root_dir``, where Lightning puts the run's
+    checkpoints); None where a logger has no folder (the reports are printed only).
 
     ``trainer.log_dir`` is a broadcast under DDP: call this on every rank, at one point.
     """
-    log_dir = trainer.log_dir if trainer.loggers else None
+    log_dir = trainer.log_dir
     return Path(log_dir) if log_dir else None
 
 

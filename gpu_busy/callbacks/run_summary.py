@@ -58,11 +58,16 @@ class RunSummary(Measurement):
         if trainer.is_global_zero:
             self.held_reports.start()
         # trainer.log_dir is broadcast from rank zero: the same directory on every rank.
-        log_dir = trainer.log_dir
         self._run_dir = run_dir(trainer)
+        if self._run_dir is None:
+            where = "none: the logger has no folder, the reports are printed only"
+        elif not trainer.loggers:
+            where = f"{self._run_dir} (no logger: the reports go to default_root_dir)"
+        else:
+            where = str(self._run_dir)
         log.info(
             "run directory %s; %d process(es) on %s, precision %s",
-            log_dir,
+            where,
             trainer.world_size,
             trainer.strategy.root_device.type,
             trainer.precision,

@@ -155,3 +155,20 @@ def run_entry_point(
         timeout=timeout,
         start_new_session=new_session,
     )
+
+
+_REPORTS = ("run.json", "syncs.json", "idle.json", "idle.png", "throughput.json", "prefetch.json")
+
+
+@pytest.fixture(autouse=True)
+def _no_reports_in_the_repository(request):
+    """A Trainer without a logger writes its reports to ``default_root_dir`` (the working
+    directory where none is given): a test's fit must give one, never the repository."""
+    before = {name: (ROOT / name).stat().st_mtime_ns for name in _REPORTS if (ROOT / name).exists()}
+    yield
+    after = {name: (ROOT / name).stat().st_mtime_ns for name in _REPORTS if (ROOT / name).exists()}
+    written = sorted(name for name, t in after.items() if before.get(name) != t)
+    assert not written, (
+        f"{written} written into the repository during {request.node.nodeid} (under workers,"
+        " maybe by another test running beside it)"
+    )

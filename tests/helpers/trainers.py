@@ -9,6 +9,7 @@ Example::
 
 from __future__ import annotations
 
+import tempfile
 from typing import Any
 
 import lightning.pytorch as pl
@@ -24,8 +25,14 @@ QUIET: dict[str, Any] = {
 }
 
 
+# Without a logger the set's reports go to default_root_dir, the working directory unless
+# given: a fresh folder of this one (removed when the process ends) where a test gives none.
+_SCRATCH = tempfile.TemporaryDirectory(prefix="quiet-trainers-")
+
+
 def quiet_trainer(**settings: Any) -> pl.Trainer:
     """A ``pl.Trainer`` with ``QUIET`` under the given settings."""
+    settings.setdefault("default_root_dir", tempfile.mkdtemp(dir=_SCRATCH.name))
     return pl.Trainer(**{**QUIET, **settings})
 
 

@@ -193,7 +193,14 @@ class SyncPointDetector(Measurement):
         if self.steps is None:
             return
         logging_now = compat.is_logging_step(trainer)
-        watched = self.steps.step_ends(logging=logging_now)
+        self._count_window(trainer, logging_now)
+        if not logging_now:
+            self._next_window()
+        # else: the fit's window gathers first, outside any watched one (log_window)
+
+    def _count_window(self, trainer, logging: bool) -> None:
+        """Close the step's window; a watched one goes into the table and the totals."""
+        watched = self.steps.step_ends(logging=logging)
         if watched is not None:
             events, steady = watched
             step = compat.logger_step(trainer)
@@ -202,9 +209,6 @@ class SyncPointDetector(Measurement):
             n = sum(not e.cpu_only for e in events)  # a GPU's syncs
             self._rows.append((step, trainer.current_epoch, n, steady))
             self.totals.add(WatchedSums(1, n, int(steady), n if steady else 0))
-        if not logging_now:
-            self._next_window()
-        # else: the fit's window gathers first, outside any watched one (log_window)
 
     def _next_window(self) -> None:
         self.steps.next_window()
@@ -306,6 +310,10 @@ class SyncPointDetector(Measurement):
             )
 
     def on_train_end(self, trainer, pl_module) -> None:
+        if trainer.interrupted and self.steps is not None and self.steps.watching:
+            # cut short in a watched window (strict's finding, or any error): it counts,
+            # with what it saw, so the report agrees with the error that ends the run
+            self._count_window(trainer, compat.is_logging_step(trainer))
         self._close()
         merged = SyncSiteTable(LIGHTNING_READS, costs=self.table.costs)
         for rows in gather_objects(trainer, self.table.rows()):

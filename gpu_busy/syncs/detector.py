@@ -81,6 +81,9 @@ class SyncDetector:
         self.cpu_only: list[SyncEvent] = []
         self.internal_errors = 0  # failures of the detector's own code, kept from the program
         self.inside = 0  # >0 while a recorded op runs: what it calls is not counted again
+        # strict's error was raised: what runs after it (the error's handling) is not the
+        # program's, and is not recorded until the detector is entered again
+        self.stopped = False
         self._ops: list[Any] = []  # ops in flight: their str() names CUDA's warnings
         self.tracks_ops = False  # ops are named for CUDA's warnings (its debug mode is on)
         # CUDA's warnings come late (see _cuda_debug_warnings): the calls the layers are
@@ -102,6 +105,7 @@ class SyncDetector:
         if self._stack is not None:
             raise RuntimeError("this SyncDetector is already active")
         self.thread = threading.get_ident()
+        self.stopped = False
         stack = contextlib.ExitStack()
         try:
             stack.enter_context(synchronize_layer(self))
@@ -162,7 +166,7 @@ class SyncDetector:
         op is attributed to the forward line that built it). ``timed``: the op runs next,
         and ``run_op`` (or the synchronize() wrapper) times it. ``heard``: CUDA's debug mode
         reported it, after the op (it is not a sync CUDA will report again)."""
-        if self.inside and not heard:
+        if (self.inside and not heard) or self.stopped:
             return
         if self.memory.simulating and excused():
             return
@@ -184,6 +188,7 @@ class SyncDetector:
             self._call_events += 1  # CUDA's warnings for this call are this event's
         if self.strict and event.allowed is None:
             fix = f"; fix: {event.hint}" if event.hint else ""
+            self.stopped = True
             raise SyncError(f"host-device sync: {event}{fix}")
 
     def event_here(self, op: str, phase: str, aten: str | None = None) -> SyncEvent:

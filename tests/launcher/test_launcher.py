@@ -113,6 +113,9 @@ def test_a_script_keeps_its_exit_code_its_sync_is_named_at_its_line_and_strict_f
     assert strict.returncode == 1, strict.stderr[-3000:]
     line = strict.stderr.strip().splitlines()[-1]
     assert line.startswith("error: strict sync check failed") and "user_train.py:36" in line
+    # the summary agrees with the error: the batch it ended counts, with that one sync
+    summary = next(x for x in strict.stderr.splitlines() if "sync points:" in x)
+    assert "1 of 2 training batches watched" in summary and "1.00 syncs/batch" in summary
 
 
 def test_a_trainers_own_progress_bar_and_checkpoint_stay_and_the_first_line_says_so(

@@ -344,6 +344,21 @@ def test_strict_raises_before_the_op_with_the_line():
             x.sum().item()
 
 
+def test_after_strict_raises_the_errors_handling_is_not_recorded_until_entered_again():
+    """What runs after strict's error (Lightning's exception hooks, a progress bar's last
+    read) is not the program's step: the report counts the sync that ended it, alone."""
+    det = SyncDetector("cpu", strict=True)
+    with det:
+        with pytest.raises(SyncError):
+            x.sum().item()
+        x.max().item()  # the error's handling
+    assert [e.op for e in det.take()] == ["Tensor.item()"]
+    det.strict = False
+    with det:
+        x.max().item()
+    assert [e.op for e in det.take()] == ["Tensor.item()"]
+
+
 def test_events_accumulate_over_entries_and_hooks_are_restored():
     original = torch.cpu.synchronize
     det = SyncDetector("cpu")

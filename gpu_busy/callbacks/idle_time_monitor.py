@@ -48,6 +48,8 @@ class IdleTimeMonitor(Measurement):
         log_stats: write ``idle/*`` at Lightning's logging steps.
     """
 
+    made_per_fit = ("_clock",)
+
     label, report_name = "idle time", "idle"
 
     def __init__(

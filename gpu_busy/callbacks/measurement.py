@@ -59,6 +59,12 @@ class Measurement(compat.Callback):
     at_stop: tuple[str, ...] = ("on_train_end", "on_fit_end")
     # set by the step clock while a failure can travel in its window to every rank
     in_window = False
+    # what it builds for a fit (a clock, a copier, a detector: locks, streams, threads),
+    # made again at the next fit's set-up; a pickle (ddp_spawn's, after a fit too) holds None
+    made_per_fit: tuple[str, ...] = ()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: None if k in self.made_per_fit else v for k, v in vars(self).items()}
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

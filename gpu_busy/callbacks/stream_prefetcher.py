@@ -44,6 +44,7 @@ class StreamPrefetcher(Measurement):
     # Only its figures are a measurement: a batch it cannot move must end the fit
     label, report_name = "prefetch figures", "prefetch"
     measured = frozenset(["window_row", "log_window", "on_train_end"])
+    made_per_fit = ("_copier",)
 
     def __init__(self, depth: int = 1, pin_memory: bool = True, log_stats: bool = True) -> None:
         if depth < 1:

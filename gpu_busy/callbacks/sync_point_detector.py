@@ -72,6 +72,8 @@ class SyncPointDetector(Measurement):
         log_stats: write ``syncs/*`` at Lightning's logging steps.
     """
 
+    made_per_fit = ("detector", "steps", "_clock", "_unwrap")
+
     label, report_name = "sync detection", "syncs"
 
     def must_raise(self) -> bool:

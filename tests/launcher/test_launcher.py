@@ -143,14 +143,27 @@ def test_a_trainers_own_progress_bar_and_checkpoint_stay_and_the_first_line_says
     assert not any(isinstance(c, cb.RunSummary) for c in plain.callbacks)
 
 
-def test_the_default_set_pickles_for_ddp_spawn():
+def test_the_default_set_pickles_for_ddp_spawn_before_a_fit_and_after_it(tmp_path):
+    """ddp_spawn pickles the Trainer at each fit, validate or test: after a fit too, when
+    what each callback built for it (clocks, a copier, a detector) is made again."""
     import lightning.pytorch as pl
+    from lightning.pytorch.demos.boring_classes import BoringModel
 
     import gpu_busy
 
-    trainer = pl.Trainer(accelerator="cpu", logger=False, **gpu_busy.defaults(monitor="val/acc"))
-    assert pickle.loads(pickle.dumps(trainer.callbacks))
-    assert pickle.loads(pickle.dumps(trainer.strategy.checkpoint_io))
+    def trainer(**kwargs):
+        return pl.Trainer(accelerator="cpu", logger=False, max_steps=3, log_every_n_steps=1,
+                          default_root_dir=tmp_path, **kwargs)  # fmt: skip
+
+    first = trainer(**gpu_busy.defaults(monitor="val/acc"))
+    for fitted in (False, True):
+        if fitted:
+            first.fit(BoringModel())
+        callbacks = pickle.loads(pickle.dumps(first.callbacks))
+        io = pickle.loads(pickle.dumps(first.strategy.checkpoint_io))
+    again = trainer(callbacks=callbacks, plugins=[io])
+    again.fit(BoringModel())
+    assert again.global_step == 3
 
 
 def test_the_gpu_busy_command_is_the_launcher():

@@ -361,6 +361,20 @@ def test_pytorch_lightning_imported_first_is_the_package_gpu_busy_uses(tmp_path)
 
 
 @pytest.mark.slow
+def test_a_pytorch_lightning_cli_script_gets_the_set(tmp_path):
+    script = tmp_path / "cli.py"
+    script.write_text(
+        "from pytorch_lightning.cli import LightningCLI\n"
+        "from pytorch_lightning.demos.boring_classes import BoringDataModule, BoringModel\n"
+        "LightningCLI(BoringModel, BoringDataModule)\n"
+    )
+    ran = launch([str(script), "fit", "--trainer.max_steps=3", "--trainer.accelerator=cpu"],
+                 cwd=tmp_path)  # fmt: skip
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    assert ran.stderr.count(ADDED) == 1 and "3 steps" in ran.stderr, ran.stderr[-3000:]
+
+
+@pytest.mark.slow
 def test_lightnings_pytorch_lightning_bug_report_runs_unchanged_with_the_set(tmp_path):
     script = tmp_path / "pl_bug_report_model.py"
     shutil.copy(HERE / "lightning_examples" / "pl_bug_report_model.py", script)

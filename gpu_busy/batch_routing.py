@@ -209,3 +209,25 @@ class EachItem(Iterator):
         item = next(self._items)
         self._see(item)
         return item
+
+
+class ReadPast(Iterator):
+    """A layer that reads past the first ``count`` items (a resumed epoch's batches that
+    were trained before the stop), calls ``then()``, and passes the rest through.
+
+    Example::
+
+        route_batches(loop, lambda items: ReadPast(items, 37, restore_generators))
+    """
+
+    def __init__(self, items: Iterator, count: int, then: Callable[[], None]) -> None:
+        self._items, self._left, self._then = items, count, then
+
+    def __next__(self) -> Any:
+        while self._left:
+            next(self._items)  # the end of the items ends the epoch, as it would have
+            self._left -= 1
+        if self._then is not None:
+            then, self._then = self._then, None
+            then()
+        return next(self._items)

@@ -5,55 +5,52 @@ The script runs as ``__main__`` with its own arguments; every ``lightning.pytorc
 it builds (``LightningCLI``'s too) gets ``gpu_busy.defaults()`` by the rule of
 ``gpu_busy.callbacks.default_set.complete``: a kind the script already passes (its progress bar,
 ``ModelCheckpoint``, checkpoint IO) stays. Its output, its errors and its exit code are
-its own. Options travel to the other ranks as environment variables, which launchers
-pass on whatever they do with the command line:
-
-==================  ========================  =============================================
-option              variable                  what it does
-==================  ========================  =============================================
-``--strict``        ``GPU_BUSY_STRICT_SYNCS``  exit 1 at the first steady sync, with its line
-``--monitor NAME``  ``GPU_BUSY_MONITOR``       best checkpoint by NAME, and ``last.ckpt``
-``--mode max|min``  ``GPU_BUSY_MODE``          for ``--monitor``
-``--no-prefetch``   ``GPU_BUSY_PREFETCH=0``    no side-stream copies of the next batch
-==================  ========================  =============================================
+its own; how a run ends is ``gpu_busy.outcomes``' table, as under ``make train``. The
+options are ``gpu_busy.options``' (``--help`` lists them); they travel to the other ranks
+as environment variables, which launchers pass on whatever they do with the command line.
 
 Example::
 
     python -m gpu_busy run train.py --epochs 3
     python -m gpu_busy run --strict -m my_project.train fit --config my.yaml
+    python -m gpu_busy run --resume train.py --epochs 3      # after a stop: from last.ckpt
     torchrun --nproc-per-node 2 -m gpu_busy run train.py        # every rank alike
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 import runpy
+import shlex
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
-from gpu_busy.process_exit import end_group, end_process
+from gpu_busy import options as opts
+from gpu_busy import outcomes
+from gpu_busy.errors import UserError
+from gpu_busy.process_exit import end_process
 
-USAGE = (
-    "usage: python -m gpu_busy run [--strict] [--monitor NAME] [--mode max|min] "
-    "[--no-prefetch] (SCRIPT | -m MODULE) [ARGS...]"
-)
-HELP = """
-Runs a Lightning script unchanged, with gpu_busy's default set on every Trainer it makes
-(a kind the Trainer already has stays). Each option is also an environment variable, read
-by every rank a launcher starts:
-  --strict          GPU_BUSY_STRICT_SYNCS=1  exit 1 at the first steady sync, with its line
-  --monitor NAME    GPU_BUSY_MONITOR=NAME    keep the best checkpoint by NAME, and last.ckpt
-  --mode max|min    GPU_BUSY_MODE            for --monitor (default max)
-  --no-prefetch     GPU_BUSY_PREFETCH=0      no side-stream copies of the next batch"""
-VARIABLES = {
-    "strict": "GPU_BUSY_STRICT_SYNCS",
-    "monitor": "GPU_BUSY_MONITOR",
-    "mode": "GPU_BUSY_MODE",
-    "prefetch": "GPU_BUSY_PREFETCH",
-}
+
+def usage() -> str:
+    flags = " ".join(f"[{opts.launcher_flag(f)}]" for _, f in opts.fields_of())
+    return f"usage: python -m gpu_busy run {flags} (SCRIPT | -m MODULE) [ARGS...]"
+
+
+def help_text() -> str:
+    """The options with their variables and help, from ``gpu_busy.options``."""
+    rows = [(opts.launcher_flag(f), opts.variable(f), f.metadata["help"])
+            for _, f in opts.fields_of()]  # fmt: skip
+    width = max(len(flag) for flag, _, _ in rows) + 2
+    lines = [f"  {flag:<{width}}{name}: {said}" for flag, name, said in rows]
+    return (
+        "Runs a Lightning script unchanged, with gpu_busy's default set on every Trainer it\n"
+        "makes (a kind the Trainer already has stays). Each option is also the environment\n"
+        "variable named, read by every rank a launcher starts:\n" + "\n".join(lines)
+    )
 
 
 class _Usage(Exception):
@@ -65,28 +62,30 @@ def _parse(argv: list[str]) -> tuple[dict[str, str], str | None, str | None, lis
     arguments that are the script's own."""
     if not argv or argv[0] != "run":
         raise _Usage("say what to run: python -m gpu_busy run train.py [ARGS...]")
+    by_flag = {opts.launcher_flag(f).split()[0]: f for _, f in opts.fields_of()}
     args, env = argv[1:], {}
     while args and args[0].startswith("-") and args[0] != "-m":
         option = args.pop(0)
-        name, _, value = option.partition("=")
+        name, has_value, value = option.partition("=")
         if name in ("-h", "--help"):
-            print(f"{USAGE}\n{HELP}")
+            print(f"{usage()}\n{help_text()}")
             raise SystemExit(0)
-        if name == "--strict":
-            env[VARIABLES["strict"]] = "1"
-        elif name == "--no-prefetch":
-            env[VARIABLES["prefetch"]] = "0"
-        elif name in ("--monitor", "--mode"):
-            if not value:
-                if not args:
-                    raise _Usage(f"{name} needs a value")
-                value = args.pop(0)
-            if name == "--mode" and value not in ("max", "min"):
-                raise _Usage(f"--mode {value}: give max or min")
-            env[VARIABLES[name[2:]]] = value
-        else:
+        f = by_flag.get(name)
+        if f is None:
             raise _Usage(f"{option}: not an option of gpu_busy run (its script's options "
                          "go after the script)")  # fmt: skip
+        if opts.is_switch(f):
+            env[opts.variable(f)] = opts.switched(f)
+            continue
+        if not has_value:
+            if not args:
+                raise _Usage(f"{name} needs a value")
+            value = args.pop(0)
+        try:
+            opts.parse(f, value, name)
+        except UserError as e:
+            raise _Usage(str(e)) from None
+        env[opts.variable(f)] = value
     if args and args[0] == "-m":
         if len(args) < 2:
             raise _Usage("-m needs a module: python -m gpu_busy run -m my_project.train")
@@ -97,18 +96,6 @@ def _parse(argv: list[str]) -> tuple[dict[str, str], str | None, str | None, lis
     if not Path(script).is_file():
         raise _Usage(f"{script}: no such file (give a Python script, or -m MODULE)")
     return env, script, None, args[1:]
-
-
-def options_from_environment() -> dict[str, Any]:
-    """The default set's options the launcher's variables give (unset: the defaults)."""
-    options: dict[str, Any] = {}
-    if monitor := os.environ.get(VARIABLES["monitor"]):
-        options["monitor"] = monitor
-    if mode := os.environ.get(VARIABLES["mode"]):
-        options["mode"] = mode
-    if os.environ.get(VARIABLES["prefetch"], "1").strip().lower() in ("0", "false", "no"):
-        options["prefetch"] = False
-    return options  # strict: SyncPointDetector reads GPU_BUSY_STRICT_SYNCS itself
 
 
 class Attached:
@@ -151,7 +138,8 @@ def attach(launcher_argv: list[str], attached: Attached | None = None) -> Callab
     from gpu_busy.patches import patch
 
     log = get_logger(__name__)
-    options = options_from_environment()
+    chosen = opts.Options.resolved()
+    options = {name: getattr(chosen, name) for name, _ in opts.fields_of()}
     attached = attached if attached is not None else Attached()
     original, fabric_init = pl.Trainer.__init__, Fabric.__init__
 
@@ -175,12 +163,43 @@ def attach(launcher_argv: list[str], attached: Attached | None = None) -> Callab
         compat.children_run_through(launcher_argv),
         lightning_names.spawned_children_too(),
     ]
+    if chosen.resume:
+        undo.append(patch(pl.Trainer, "fit", _first_fit_resumes(pl.Trainer.fit)))
 
     def undo_all() -> None:
         for u in reversed(undo):
             u()
 
     return undo_all
+
+
+def _first_fit_resumes(fit: Callable[..., Any]) -> Callable[..., Any]:
+    """``Trainer.fit`` whose first call, given no ``ckpt_path``, resumes from the newest
+    usable ``last.ckpt`` under the Trainer's runs (``--resume``), saying which or that there
+    was none."""
+    from gpu_busy.log import get_logger
+    from gpu_busy.resume.last_saved import find_checkpoint, folders_of
+
+    calls = 0
+
+    @functools.wraps(fit)
+    def resuming(self: Any, *args: Any, **kwargs: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        bound = inspect.signature(fit).bind(self, *args, **kwargs)
+        if calls == 1 and bound.arguments.get("ckpt_path") is None:
+            root, folders = folders_of(self)
+            flag = opts.flag_of("resume")
+            found = find_checkpoint("last", root, folders, training=True, said_as=flag)
+            log = get_logger(__name__)
+            if found is None:
+                log.info("gpu_busy: %s: no last.ckpt under %s; training from the start", flag, root)
+            else:
+                log.info("gpu_busy: %s: resuming from %s", flag, found[0])
+                bound.arguments["ckpt_path"] = str(found[0])
+        return fit(*bound.args, **bound.kwargs)
+
+    return resuming
 
 
 def _run(script: str | None, module: str | None, args: list[str]) -> None:
@@ -193,64 +212,47 @@ def _run(script: str | None, module: str | None, args: list[str]) -> None:
     runpy.run_path(script, run_name="__main__")
 
 
-def _script_traceback(error: BaseException) -> None:
-    """The traceback Python prints for the script's own error, from the script's frame on."""
-    tb = error.__traceback__
-    ours = (__file__, runpy.__file__, "<frozen runpy>")
-    while tb is not None and tb.tb_next is not None and tb.tb_frame.f_code.co_filename in ours:
-        tb = tb.tb_next
-    sys.excepthook(type(error), error.with_traceback(tb), tb)  # the hook prints the error's own
-
-
 def main(argv: list[str] | None = None) -> int:
-    """The launcher on ``argv`` (``sys.argv``'s by default): returns the exit code."""
+    """The launcher on ``argv`` (``sys.argv``'s by default): returns the exit code, by
+    ``gpu_busy.outcomes``' table."""
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         env, script, module, args = _parse(argv)
     except _Usage as e:
-        print(f"error: {e}\n{USAGE}", file=sys.stderr)
+        print(f"error: {e}\n{usage()}", file=sys.stderr)
         return 2
     os.environ.update(env)  # for this process and every rank it starts
     target = ["-m", module] if module is not None else [str(Path(script).resolve())]
     attached = Attached()
-    undo = attach([sys.executable, "-m", "gpu_busy", "run", *target], attached)
-    from gpu_busy.syncs.attribution import SyncError
 
-    try:
-        _run(script, module, args)
-    except SyncError as e:
-        # strict's finding, not a crash: the line and its fix, and exit 1
-        print(f"error: strict sync check failed: {e}", file=sys.stderr)
-        return 1
-    except SystemExit as e:
-        if e.code in (None, 0):
-            end_group()
-            if _said_nothing_attached(attached):
-                raise SystemExit(1) from None
-        raise
-    except KeyboardInterrupt:
-        raise
-    except BaseException as e:
-        _script_traceback(e)
-        return 1
-    finally:
-        undo()
-    end_group()
-    return 1 if _said_nothing_attached(attached) else 0
+    def script_run() -> int | None:
+        undo = attach([sys.executable, "-m", "gpu_busy", "run", *target], attached)
+        try:
+            _run(script, module, args)
+        except SystemExit as e:
+            if e.code not in (None, 0):
+                raise
+        finally:
+            undo()
+        return 1 if _said_nothing_attached(attached) else 0
+
+    again = shlex.join(["-m", module] if module is not None else [script]) + " ..."
+    resume = f"python -m gpu_busy run {opts.flag_of('resume')} {again}"
+    return outcomes.run(script_run, resume_hint=resume)
 
 
 def _said_nothing_attached(attached: Attached) -> bool:
     """Says so where no Trainer got the set (rank zero speaking); True where that fails
     ``--strict``: a check that checked nothing."""
-    from gpu_busy.callbacks.sync_point_detector import strict_from_environment
     from gpu_busy.log import current_rank
 
     line = attached.nothing_line()
     if line is None:
         return False
-    strict = strict_from_environment()
+    strict = opts.Options.resolved().strict
     if current_rank() == 0:
-        print(f"{line}{'; --strict: exit 1' if strict else ''}", file=sys.stderr)
+        failed = f"; {opts.flag_of('strict')}: exit 1" if strict else ""
+        print(f"{line}{failed}", file=sys.stderr)
     return strict
 
 

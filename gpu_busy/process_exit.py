@@ -108,15 +108,22 @@ def end_spawned_rank_by_the_rule() -> None:
     ``sys.exit`` raises ``SystemExit`` as always. Children of ``fork`` and ``forkserver``
     end with ``os._exit`` already (popen_fork.py line 73, forkserver.py line 281).
 
+    ``import gpu_busy`` calls it: a spawned rank imports the package when it unpickles
+    the set, before ``spawn_main`` ends it.
+
     Example::
 
-        def setup(self, trainer, pl_module, stage):   # runs in every ddp_spawn rank
-            end_spawned_rank_by_the_rule()
+        end_spawned_rank_by_the_rule()   # in gpu_busy/__init__.py
     """
-    import multiprocessing
-    from multiprocessing import spawn
-
-    if multiprocessing.parent_process() is None or isinstance(sys.exit, _SpawnedRankExit):
+    # Called under spawn_main (it imports __main__ and unpickles what the child runs, the
+    # set among it); parent_process() is set only after that, and sys.argv is the parent's.
+    spawn = sys.modules.get("multiprocessing.spawn")
+    if spawn is None or isinstance(sys.exit, _SpawnedRankExit):
+        return
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_code is not spawn.spawn_main.__code__:
+        frame = frame.f_back
+    if frame is None:
         return
     patch(sys, "exit", _SpawnedRankExit(sys.exit, spawn.spawn_main.__code__))  # to the end
 

@@ -28,26 +28,7 @@ from gpu_busy import lightning_names
 from gpu_busy.callbacks.every_rank import EveryRankAttached
 from gpu_busy.checkpoint_io import BackgroundCheckpointIO
 from gpu_busy.log import get_logger
-
-
-@dataclass(frozen=True)
-class Options:
-    """What a run can choose of the default set.
-
-    Args:
-        monitor: the logged metric the best checkpoint keeps (with ``last.ckpt`` beside
-            it); None: no checkpoint callback of ours (Lightning's own default saves).
-        mode: ``"max"`` or ``"min"`` for ``monitor``.
-        prefetch: copy the next batch to the GPU on a side stream (``StreamPrefetcher``).
-        strict: fail at the first steady host-device sync; None: ``GPU_BUSY_STRICT_SYNCS``.
-        peer_timeout: seconds of a DDP rank's silence before the others stop.
-    """
-
-    monitor: str | None = None
-    mode: str = "max"
-    prefetch: bool = True
-    strict: bool | None = None
-    peer_timeout: float = 30.0
+from gpu_busy.options import Options
 
 
 @dataclass(frozen=True)
@@ -94,7 +75,8 @@ def _prefetch_on(options: Options, settings: dict) -> bool:
 # other callback's set-up makes a collective call.
 # fmt: off
 CALLBACKS: tuple[Default, ...] = (
-    Default("EveryRankAttached", EveryRankAttached, lambda o: EveryRankAttached()),
+    Default("EveryRankAttached", EveryRankAttached,
+            lambda o: EveryRankAttached(timeout=o.rank_wait)),
     Default("BestCheckpoint", ModelCheckpoint, _best, _checkpoints_on),
     Default("ModelCheckpoint (last)", ModelCheckpoint, _last, _checkpoints_on),
     Default("CheckpointRngState", cb.CheckpointRngState, lambda o: cb.CheckpointRngState()),
@@ -105,7 +87,7 @@ CALLBACKS: tuple[Default, ...] = (
             lambda o: cb.LoggingStepProgressBar(refresh_rate=10), _bar_on),
     Default("StreamPrefetcher", cb.StreamPrefetcher, lambda o: cb.StreamPrefetcher(),
             _prefetch_on),
-    Default("StopOnSignal", cb.StopOnSignal, lambda o: cb.StopOnSignal()),
+    Default("StopOnSignal", cb.StopOnSignal, lambda o: cb.StopOnSignal(wait=o.stop_wait)),
     Default("StopOnNonFiniteLoss", cb.StopOnNonFiniteLoss, lambda o: cb.StopOnNonFiniteLoss()),
     Default("StopOnRankFailure", cb.StopOnRankFailure,
             lambda o: cb.StopOnRankFailure(peer_timeout=o.peer_timeout)),
@@ -165,7 +147,7 @@ def complete(
     """``callbacks`` and ``plugins`` (as a Trainer takes them) with every default whose kind
     they lack; ``settings`` are the Trainer's other arguments (``enable_checkpointing=False``
     leaves out our checkpoints, ``barebones=True`` everything); ``options``: the fields of
-    ``Options``.
+    ``gpu_busy.options.Options`` (the environment's ``GPU_BUSY_*`` for those not given).
 
     Ours go first: the rank check must run before any callback's collective set-up.
     """
@@ -173,7 +155,7 @@ def complete(
         # take our bar and checkpoints for plain callbacks and add its own beside them
         get_logger(__name__).warning("gpu_busy: the set is lightning.pytorch's (%s)", apart)
     settings = settings or {}
-    chosen = Options(**options)
+    chosen = Options.resolved(**options)
     own_callbacks, own_plugins = _as_list(callbacks), _as_list(plugins)
     done = Completed(callbacks=[], plugins=[])
     if settings.get("barebones"):
@@ -199,7 +181,6 @@ def complete(
 def defaults(**options: Any) -> dict[str, list[Any]]:
     """The default set as ``Trainer`` arguments: ``Trainer(**defaults(monitor="val/acc"))``.
 
-    ``options``: ``monitor``, ``mode``, ``prefetch``, ``strict``, ``peer_timeout``
-    (``Options``).
+    ``options``: the fields of ``gpu_busy.options.Options`` (docs/GUIDE.md's table).
     """
     return complete(**options).trainer_kwargs

@@ -29,7 +29,6 @@ from gpu_busy.callbacks.ranks import group_store, leave_at_once
 
 # seconds a rank waits for the others' names: the ranks leave Lightning's "pre_setup"
 # barrier together, so only a rank without the callbacks leaves its key unset this long
-TIMEOUT_VARIABLE = "GPU_BUSY_RANK_WAIT"
 # Set-ups in this process: every rank runs the same sequence of fits, so the n-th set-up
 # of each rank meets the others' n-th under one key, whatever else the store holds.
 _setups = itertools.count()
@@ -39,12 +38,12 @@ class EveryRankAttached(compat.Callback):
     """Check at set-up that every DDP rank has the same gpu_busy callbacks.
 
     Args:
-        timeout: seconds to wait for the other ranks' names (default
-            ``GPU_BUSY_RANK_WAIT``, else 60).
+        timeout: seconds to wait for the other ranks' names (the default set's:
+            ``Options.rank_wait``).
     """
 
-    def __init__(self, timeout: float | None = None) -> None:
-        self.timeout = float(os.environ.get(TIMEOUT_VARIABLE, 60)) if timeout is None else timeout
+    def __init__(self, timeout: float = 60.0) -> None:
+        self.timeout = timeout
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if trainer.world_size < 2 or not dist.is_initialized():

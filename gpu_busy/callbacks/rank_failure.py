@@ -28,7 +28,6 @@ from gpu_busy.callbacks.ranks import group_store, leave_at_once
 from gpu_busy.faults.peer_watch import PeerWatch, failure_line, lost_a_peer
 from gpu_busy.faults.training_stopped import TrainingStopped
 from gpu_busy.log import get_logger
-from gpu_busy.process_exit import end_spawned_rank_by_the_rule
 
 log = get_logger(__name__)
 
@@ -59,7 +58,6 @@ class StopOnRankFailure(compat.Callback):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if trainer.world_size < 2 or not dist.is_initialized() or self.watch is not None:
             return
-        end_spawned_rank_by_the_rule()  # ddp_spawn's ranks end with their code too
         self._trainer = trainer
         rank = trainer.global_rank
         environment = trainer.strategy.cluster_environment

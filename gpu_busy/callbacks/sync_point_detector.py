@@ -16,7 +16,6 @@ Example::
 from __future__ import annotations
 
 import contextlib
-import os
 
 import lightning.pytorch as pl
 
@@ -25,7 +24,6 @@ from gpu_busy import lightning_compat as compat
 from gpu_busy.callbacks.measurement import Measurement
 from gpu_busy.callbacks.ranks import gather_objects, gather_rows, log_metrics, publish, run_dir
 from gpu_busy.callbacks.step_clock import StepClock
-from gpu_busy.errors import UserError
 from gpu_busy.log import get_logger
 from gpu_busy.report import syncs as syncs_report
 from gpu_busy.syncs.attribution import OPTIMIZER_STEP, SyncError
@@ -42,20 +40,6 @@ _MAX_ROWS = 64  # per-step counts sent per logging window (a fixed size for all_
 _PHASE_HOOKS = ("on_before_backward", "on_after_backward", "on_before_optimizer_step")
 
 
-STRICT_VARIABLE = "GPU_BUSY_STRICT_SYNCS"
-
-
-def strict_from_environment() -> bool:
-    """``GPU_BUSY_STRICT_SYNCS``: 1/true/yes turns strict on, unset/0/false/no leaves it off;
-    strict from the command line without editing the config's callback list."""
-    value = os.environ.get(STRICT_VARIABLE, "").strip().lower()
-    if value in ("", "0", "false", "no"):
-        return False
-    if value in ("1", "true", "yes"):
-        return True
-    raise UserError(f"{STRICT_VARIABLE}={value!r}: give 1 (strict) or 0 (report only)")
-
-
 class SyncPointDetector(Measurement):
     """Watch a sample of training steps for host-device syncs and report their lines.
 
@@ -65,9 +49,8 @@ class SyncPointDetector(Measurement):
             3, or fewer where the fit's length is known and 3 would not fit the budget.
         strict: raise at the first sync in a watched steady step (not a callback's hooks).
             A fit in which no watched step was steady (a one-batch test) checked nothing:
-            it fails too, with a ``SyncError`` that says how to make it check one. None:
-            the environment variable ``GPU_BUSY_STRICT_SYNCS`` decides
-            (``GPU_BUSY_STRICT_SYNCS=1 make train``), off where it is unset.
+            it fails too, with a ``SyncError`` that says how to make it check one. The
+            default set takes it from ``Options.strict`` (docs/GUIDE.md, "Options").
         device_type: which tensors count as device memory; None follows the root device.
         log_stats: write ``syncs/*`` at Lightning's logging steps.
     """
@@ -83,13 +66,13 @@ class SyncPointDetector(Measurement):
         self,
         overhead_budget: float = 0.01,
         first_steps: int | None = None,
-        strict: bool | None = None,
+        strict: bool = False,
         device_type: str | None = None,
         log_stats: bool = True,
     ) -> None:
         self.schedule = WatchSchedule(budget=overhead_budget, first=first_steps or 3)
         self._fit_first_to_budget = first_steps is None
-        self.strict = strict_from_environment() if strict is None else strict
+        self.strict = strict
         self.device_type = device_type
         self.log_stats = log_stats
         self.detector: SyncDetector | None = None

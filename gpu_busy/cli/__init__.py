@@ -5,12 +5,12 @@ the same way (``model.class_path``/``data.class_path`` name any classes). A mist
 can fix is one line on stderr and exit code 2, before any DDP process starts. What it adds
 (``--ckpt_path last``/``best``, the precision by device): README and docs/GUIDE.md.
 
-Example (``my_project/train.py``)::
+Example (``my_project/train.py``; ``end_process`` ends every rank by the exit rule)::
 
-    import sys
     from gpu_busy.cli import main
+    from gpu_busy.process_exit import end_process
     if __name__ == "__main__":
-        sys.exit(main(prog="python -m my_project.train"))
+        end_process(lambda: main(prog="python -m my_project.train"))
 """
 
 from gpu_busy.cli.parser import TrainingCLI

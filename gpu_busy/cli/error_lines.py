@@ -148,15 +148,6 @@ def _innermost_file(error: BaseException) -> str:
     return tb.tb_frame.f_code.co_filename if tb is not None else ""
 
 
-def one_line(error: BaseException) -> str:
-    """An error's message on one line. Raised in a DataLoader worker, it arrives wrapped
-    in the worker's traceback text, whose last line is ``module.Type: message``."""
-    text = str(error).strip()
-    last = text.splitlines()[-1] if text else type(error).__name__
-    prefix = f"{type(error).__module__}.{type(error).__name__}: "
-    return last.removeprefix(prefix)
-
-
 def raised_in_restore(error: BaseException) -> bool:
     """Whether ``error`` came out of Lightning's restore of a checkpoint's training state."""
     tb = error.__traceback__

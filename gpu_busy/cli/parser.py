@@ -11,7 +11,8 @@ from jsonargparse import Namespace
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.cli import LightningCLI
 
-from gpu_busy.callbacks.default_set import Options, complete
+from gpu_busy import options
+from gpu_busy.callbacks.default_set import complete
 from gpu_busy.cli.carried import leave_out_carried
 from gpu_busy.cli.checkpoints import (
     checkpoint_folders,
@@ -25,7 +26,6 @@ from gpu_busy.cli.error_lines import (
     cause_of,
     devices_line,
     innermost,
-    one_line,
     raised_choosing_devices,
     raised_outside,
 )
@@ -40,6 +40,8 @@ from gpu_busy.config_files import CLASS_GROUPS, import_class
 from gpu_busy.errors import UserError
 from gpu_busy.faults.log_writes import guard_log_writes
 from gpu_busy.log import current_rank, get_logger
+from gpu_busy.options import Options
+from gpu_busy.outcomes import one_line
 from gpu_busy.resume import checkpoint_file
 from gpu_busy.strategies import FullyShardedStrategy
 
@@ -72,18 +74,21 @@ class TrainingCLI(LightningCLI):
         parser.link_arguments(
             "data.num_classes", "model.init_args.num_classes", apply_on="instantiate"
         )
-        # The default set's options (gpu_busy.defaults): `gpu_busy:` in the config,
-        # --gpu_busy.monitor=... on the command line.
-        parser.add_class_arguments(Options, "gpu_busy", fail_untyped=False)
+        # The default set's options (gpu_busy.options): `gpu_busy:` in the config,
+        # --gpu_busy.monitor=... on the command line, the environment's by default.
+        chosen, kinds = Options.resolved(), options.types()
+        for name, f in options.fields_of():
+            parser.add_argument(f"--{options.yaml_key(f)}", type=kinds[name],
+                                default=getattr(chosen, name), help=f.metadata["help"])  # fmt: skip
 
     def instantiate_trainer(self, **kwargs: Any):
         """The Trainer with the default set added by the rule every run uses
         (``gpu_busy.callbacks.default_set.complete``): a kind the config lists stays as listed."""
         section = self.config_init[self.subcommand] if self.subcommand else self.config_init
-        trainer, options = section["trainer"], section.get("gpu_busy")
+        trainer, chosen = section["trainer"], section.get("gpu_busy")
         done = complete(
             trainer.get("callbacks"), trainer.get("plugins"), settings=dict(trainer),
-            **(vars(options) if options is not None else {}),
+            **(vars(chosen) if chosen is not None else {}),
         )  # fmt: skip
         log.info("%s", done.line())  # rank zero's logger alone writes it
         return super().instantiate_trainer(**{**kwargs, **done.trainer_kwargs})
@@ -102,6 +107,13 @@ class TrainingCLI(LightningCLI):
         self.left_out = [line for line in lines if line]  # said again under the summary
         for line in self.left_out:
             log.warning("%s", line)
+        if (
+            config
+            and subcommand == "fit"
+            and config.get("gpu_busy.resume")
+            and not config.get("ckpt_path")
+        ):
+            config.ckpt_path = "last"  # gpu_busy.resume: what the launcher's --resume does
         # Resolved and checked before LightningCLI reads the file's hyperparameters.
         self.checkpoint = resolve_checkpoint(config, subcommand) if config else None
         if self.checkpoint is not None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import signal
 import sys
 import warnings
 
@@ -11,12 +10,11 @@ import lightning.pytorch as pl
 import torch
 from jsonargparse import ArgumentError
 from lightning.fabric.utilities.exceptions import MisconfigurationException
-from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from gpu_busy import outcomes
 from gpu_busy.cli.error_lines import (
     argument_error_line,
     cause_of,
-    one_line,
     raised_by_lightning,
     raised_in_restore,
 )
@@ -24,11 +22,8 @@ from gpu_busy.cli.keys import KeyNotAccepted
 from gpu_busy.cli.parser import TrainingCLI
 from gpu_busy.config_files import check_config_files
 from gpu_busy.errors import UserError
-from gpu_busy.faults.training_stopped import TrainingStopped
-from gpu_busy.log import current_rank, setup_logging
-from gpu_busy.process_exit import end_group
-from gpu_busy.resume import checkpoint_file
-from gpu_busy.syncs.attribution import SyncError
+from gpu_busy.log import setup_logging
+from gpu_busy.outcomes import one_line
 
 # The command, as the user typed it, for the hint after a parse error (set by main).
 _prog = "python"
@@ -83,7 +78,8 @@ def main(args: list[str] | None = None, prog: str | None = None) -> int:
 def _run(args: list[str] | None) -> int:
     TrainingCLI.resuming = None
     args = sys.argv[1:] if args is None else list(args)
-    try:
+
+    def fit() -> None:
         check_config_files(args)
         TrainingCLI(
             pl.LightningModule,  # any subclass: model.class_path in the config
@@ -96,43 +92,24 @@ def _run(args: list[str] | None) -> int:
             parser_kwargs={"exit_on_error": False, "allow_abbrev": False},
             args=args,
         )
-        end_group()  # after a success only: a failed rank may leave others in a collective
-    except KeyNotAccepted as e:
-        print(f"error: {e} ({_prog} fit --help lists every option)", file=sys.stderr)
-        return 2
-    except (UserError, MisconfigurationException) as e:
-        print(f"error: {one_line(e)}", file=sys.stderr)
-        return 2
-    except checkpoint_file.SaveFailed as e:
-        print(f"error: {e.strerror}", file=sys.stderr)
-        return 1
-    except ArgumentError as e:
-        line = argument_error_line(e, args)
-        print(f"error: {line} ({_prog} fit --help lists every option)", file=sys.stderr)
-        return 2
-    except SyncError as e:
-        # Strict sync detection's finding, not a crash: the line, its fix, and exit 1.
-        print(f"error: strict sync check failed: {e}", file=sys.stderr)
-        return 1
-    except (KeyError, RuntimeError, ValueError) as e:
+
+    return outcomes.run(fit, lambda e: _cli_line(e, args), resume_hint="--ckpt_path last")
+
+
+def _cli_line(e: BaseException, args: list[str]) -> outcomes.Said | None:
+    """The lines only the command line has (its parser's, its config's); the rest are the
+    run's (``gpu_busy.outcomes``)."""
+    help_hint = f"({_prog} fit --help lists every option)"
+    if isinstance(e, KeyNotAccepted):
+        return f"error: {e} {help_hint}", 2
+    if isinstance(e, ArgumentError):
+        return f"error: {argument_error_line(e, args)} {help_hint}", 2
+    if isinstance(e, MisconfigurationException):  # a config value Lightning refused
+        return f"error: {one_line(e)}", 2
+    if isinstance(e, KeyError | RuntimeError | ValueError):
         line = _setting_error_line(e)
-        if line is None:
-            raise
-        print(f"error: {line}", file=sys.stderr)
-        return 2
-    except TrainingStopped as e:
-        # Every rank stops at the same check; rank zero says why and its code is the run's.
-        # The others leave quietly with 0: Lightning's launcher ends the whole group, rank
-        # zero included, when one of its ranks exits non-zero.
-        if current_rank() != 0:
-            return 0
-        print(f"{'error' if e.failure else 'stopped'}: {e}", file=sys.stderr)
-        return e.exit_code
-    except SIGTERMException:
-        # Lightning's own handler, still in place before training starts.
-        print("stopped: SIGTERM before training began; nothing to save", file=sys.stderr)
-        return 128 + signal.SIGTERM
-    return 0
+        return None if line is None else (f"error: {line}", 2)
+    return None
 
 
 def _setting_error_line(e: KeyError | RuntimeError | ValueError) -> str | None:

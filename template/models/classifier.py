@@ -21,8 +21,8 @@ from torch.distributed.fsdp import FSDPModule, fully_shard
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
+from gpu_busy import is_logging_step
 from gpu_busy.errors import UserError
-from gpu_busy.lightning_compat import is_logging_step
 from template.models.resnet import cifar_resnet
 
 # torch.compile's modes by name (its docstring): "default" fuses kernels; "reduce-overhead"

@@ -27,13 +27,13 @@ def spawned_rank(folder: str, code: int, rule: bool) -> None:
     import torch
     import torch.distributed as dist
 
-    from gpu_busy.process_exit import end_spawned_rank_by_the_rule
-
     os.chdir(folder)
     dist.init_process_group("gloo", store=dist.FileStore("store", 1), rank=0, world_size=1)
     dist.all_reduce(torch.ones(2))
     threading.Thread(target=add_forever, daemon=True).start()
     atexit.register(lambda: open("atexit_ran", "w").close())
-    if rule:
+    if rule:  # importing gpu_busy installs the rule in a spawned child
+        from gpu_busy.process_exit import end_spawned_rank_by_the_rule
+
         end_spawned_rank_by_the_rule()
     raise SystemExit(code)

@@ -43,12 +43,11 @@ class Options:
     monitor: str | None = _option(
         None,
         "GPU_BUSY_MONITOR",
-        "the metric the best checkpoint keeps, last.ckpt beside it; unset: Lightning's "
-        "default checkpoint",
+        "the metric of the best checkpoint (last.ckpt beside it); unset: Lightning's own",
         "NAME",
     )
     mode: Literal["max", "min"] = _option(
-        "max", "GPU_BUSY_MODE", "max or min: which way monitor is better", "max|min"
+        "max", "GPU_BUSY_MODE", "which way monitor is better", "max|min"
     )
     prefetch: bool = _option(
         True, "GPU_BUSY_PREFETCH", "copy the next batch to the GPU on a side stream"
@@ -56,7 +55,7 @@ class Options:
     strict: bool = _option(
         False,
         "GPU_BUSY_STRICT_SYNCS",
-        "exit 1 at the first steady host-device sync, with its line",
+        "exit 1 at the first steady sync, naming its line",
     )
     peer_timeout: float = _option(
         30.0,
@@ -73,15 +72,13 @@ class Options:
     stop_wait: float = _option(
         20.0,
         "GPU_BUSY_STOP_WAIT",
-        "seconds after SIGTERM or Ctrl+C within which a batch must end (a fit saves "
-        "there); past them the run stops unsaved",
+        "seconds a stop waits for a batch's end (where a fit saves); then it stops unsaved",
         "SECONDS",
     )
     resume: bool = _option(
         False,
         "GPU_BUSY_RESUME",
-        "the script's first fit, given no ckpt_path, resumes from the newest last.ckpt "
-        "(make train: --ckpt_path last)",
+        "the first fit without a ckpt_path resumes from the newest last.ckpt",
     )
 
     @classmethod

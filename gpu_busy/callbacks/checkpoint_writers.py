@@ -5,6 +5,8 @@ A script's own ``ModelCheckpoint(save_last=True)`` beside another with
 ``filename="last"`` (a config's, a module's ``configure_callbacks``), in one folder, both
 write ``last.ckpt``: each replaces the other's file, one of them perhaps from a background
 thread, and ``--ckpt_path last`` resumes whichever wrote last. Lightning lets both run.
+Two that keep Lightning's version counter on (its default) never overwrite each other's
+files (the second writes ``last-v1.ckpt``): they are a pair Lightning handles, accepted.
 The check runs at ``on_fit_start``, once every ``ModelCheckpoint`` has resolved its folder
 in its own ``setup`` and before any save.
 
@@ -43,7 +45,8 @@ class OneWriterPerCheckpoint(compat.Callback):
 
 def colliding(callbacks: list) -> str | None:
     """One line naming two ``ModelCheckpoint`` callbacks that write one file (the same
-    folder and the same name, or name pattern), or None."""
+    folder and the same name, or name pattern, and one of them without the version
+    counter that would write beside the other's file), or None."""
     writers: dict[tuple[str, str], tuple[ModelCheckpoint, str]] = {}
     for callback in callbacks:
         if not isinstance(callback, ModelCheckpoint) or callback.dirpath is None:
@@ -52,7 +55,9 @@ def colliding(callbacks: list) -> str | None:
         for name, described in _names(callback):
             key = (folder, name + callback.FILE_EXTENSION)
             other, other_described = writers.setdefault(key, (callback, described))
-            if other is not callback:
+            if other is not callback and not (
+                compat.never_overwrites(other) and compat.never_overwrites(callback)
+            ):
                 return (
                     f"{other_described} and {described} both write {key[1]} in "
                     f"{callback.dirpath}: give one of them another dirpath or filename, or "

@@ -17,7 +17,8 @@ Example::
         def window_row(self) -> list[float]: ...        # at a logging step, this rank's
         def log_window(self, trainer, rows): ...        # every rank's rows, in rank order
         # optional: take(timings), each step's StepTiming once read back (at the window);
-        # step_started() right before the step, step_ended(samples) right after
+        # step_started() right before the step, step_ended(samples) right after;
+        # logs_earlier_steps = True: it logs at the window's earlier steps, so first
 """
 
 from __future__ import annotations
@@ -90,7 +91,10 @@ class StepClock:
         if clock is None or not clock._edges:
             clock = _CLOCKS[trainer] = cls(trainer)
         if monitor not in clock.subscribers:
-            clock.subscribers.append(monitor)
+            # Loggers that need increasing steps (Weights & Biases) drop a row below the
+            # last: a member logging its window's earlier steps logs before the others.
+            at = 0 if getattr(monitor, "logs_earlier_steps", False) else len(clock.subscribers)
+            clock.subscribers.insert(at, monitor)
             clock._takers += [monitor] if hasattr(monitor, "take") else []
             clock._at_start += [monitor] if hasattr(monitor, "step_started") else []
             clock._at_end += [monitor] if hasattr(monitor, "step_ended") else []

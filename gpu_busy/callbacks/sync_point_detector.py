@@ -28,7 +28,12 @@ from gpu_busy.log import get_logger
 from gpu_busy.report import syncs as syncs_report
 from gpu_busy.syncs.attribution import OPTIMIZER_STEP, SyncError
 from gpu_busy.syncs.detector import SyncDetector
-from gpu_busy.syncs.memory import held_outside_parameters, refilled_slots, tensors_in
+from gpu_busy.syncs.memory import (
+    SlotKinds,
+    held_host_devices,
+    held_outside_parameters,
+    refilled_slots,
+)
 from gpu_busy.syncs.rules import DDP_USED_MAP, LIGHTNING_READS
 from gpu_busy.syncs.sampling import WatchedSums, WatchSchedule
 from gpu_busy.syncs.sites import SyncSiteTable, github_annotations, in_github_actions
@@ -55,7 +60,8 @@ class SyncPointDetector(Measurement):
         log_stats: write ``syncs/*`` at Lightning's logging steps.
     """
 
-    made_per_fit = ("detector", "steps", "_clock", "_unwrap")
+    made_per_fit = ("detector", "steps", "_clock", "_unwrap", "_slots")
+    logs_earlier_steps = True  # syncs/count of each watched step, at its step (StepClock)
 
     label, report_name = "sync detection", "syncs"
 
@@ -83,7 +89,8 @@ class SyncPointDetector(Measurement):
         self._clock: StepClock | None = None
         self._first_global_step = 0
         self._made_in_init: list = []  # tensors the module keeps outside its parameters
-        self._refilled: list = []  # where it keeps them in a buffer: (owner, attribute)
+        self._slots = SlotKinds([])  # where it keeps them in a buffer: (owner, attribute)
+        self._host_devices: list = []  # the torch.device("cpu") objects it keeps
         self._reset_run()
 
     def _reset_run(self, costs: bool = False) -> None:
@@ -103,7 +110,8 @@ class SyncPointDetector(Measurement):
         # Before the module's own setup and the move to the device: what __init__ made.
         if stage == "fit":  # on_train_start takes them (only a fit watches)
             self._made_in_init = held_outside_parameters(pl_module)
-            self._refilled = refilled_slots(pl_module)
+            self._slots = SlotKinds(refilled_slots(pl_module))
+            self._host_devices = held_host_devices(pl_module)
 
     def on_train_start(self, trainer, pl_module) -> None:
         device_type = self.device_type or trainer.strategy.root_device.type
@@ -118,7 +126,8 @@ class SyncPointDetector(Measurement):
         # On a GPU they stay on the host, where __init__ made them: each use on the device is
         # a blocking copy there, and the simulation counts it so
         self.detector.memory.mark_host(*self._made_in_init)
-        self._made_in_init = []
+        self.detector.memory.devices_on_the_host(*self._host_devices)
+        self._made_in_init, self._host_devices = [], []
         batches = trainer.estimated_stepping_batches * trainer.accumulate_grad_batches
         if self._fit_first_to_budget and not self.schedule.plan_fit(batches):
             log.info(
@@ -188,6 +197,8 @@ class SyncPointDetector(Measurement):
         watched = self.steps.step_ends(logging=logging)
         if watched is not None:
             events, steady = watched
+            if self.detector.memory.simulating:
+                self._slots.window_closes(self.detector.memory)
             step = compat.logger_step(trainer)
             first = self.steps.steps == 1  # the fit's first window just closed
             self.table.add_all(events, step=step, logging=not steady, first=first)
@@ -236,16 +247,14 @@ class SyncPointDetector(Measurement):
 
     def _window_opens(self, trainer: pl.Trainer) -> None:
         """What the detector must know as a watched step begins: DDP's map copied to the
-        host and, in the simulation, a buffer refilled since is host memory still (a replay
-        buffer the step fills through a ``torch.device("cpu")`` it keeps, which the
-        simulation reads as the device)."""
+        host and, in the simulation, where the tensors put in the module's slots since the
+        last watched step live (``SlotKinds``)."""
         memory = self.detector.memory
         used_map = compat.ddp_used_parameter_map(trainer)
         if used_map is not None:
             memory.copies_to_host(used_map, *DDP_USED_MAP)
         if memory.simulating:
-            for owner, name in self._refilled:
-                memory.mark_host(*tensors_in(getattr(owner, name, None)))
+            self._slots.window_opens(memory)
 
     def _phase(self, name: str) -> None:
         if self.steps is not None:

@@ -39,7 +39,11 @@ from gpu_busy.lightning_compat.loops import (
     fetched_ahead,
     fetcher_counts,
 )
-from gpu_busy.lightning_compat.overrides import SaveGatedCheckpoint, set_data_parallel_size
+from gpu_busy.lightning_compat.overrides import (
+    SaveGatedCheckpoint,
+    never_overwrites,
+    set_data_parallel_size,
+)
 from gpu_busy.lightning_compat.processes import (
     child_exit_codes,
     children_run_through,
@@ -57,7 +61,7 @@ __all__ = [
     "ddp_used_parameter_map",
     "defer_child_observer", "epoch_position", "fetched_ahead", "fetcher_counts",
     "is_lightning_file", "is_logging_step", "keep_handlers_past_teardown", "lighter_dispatch",
-    "logger_step", "metrics_at_last_step_end", "moves_to_the_cpu_as_to_cuda",
+    "logger_step", "metrics_at_last_step_end", "moves_to_the_cpu_as_to_cuda", "never_overwrites",
     "prog_bar_numbers_when_read", "restores_a_checkpoint", "set_data_parallel_size",
     "skip_empty_hooks", "skip_hooks", "started_ranks", "throttle_sigterm_broadcast",
 ]  # fmt: skip

@@ -15,6 +15,15 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 
+def never_overwrites(callback: ModelCheckpoint) -> bool:
+    """Whether a ``ModelCheckpoint`` writes ``name-v1.ckpt`` beside a file of another's
+    rather than over it (``enable_version_counter=True``, Lightning's default)."""
+    # Private: ModelCheckpoint._enable_version_counter (Lightning 2.0 to 2.6), what
+    # _get_metric_interpolated_filepath_name and _save_last_checkpoint read
+    # (callbacks/model_checkpoint.py:888 and :912 in 2.6.6).
+    return bool(callback._enable_version_counter)
+
+
 def set_data_parallel_size(strategy: Any, size: int) -> None:
     """A ``ModelParallelStrategy``'s data-parallel size, before its ``setup_environment``."""
     # Private: ModelParallelStrategy._data_parallel_size (Lightning 2.4 to 2.6), which

@@ -99,7 +99,14 @@ _is_library_cache: dict[str, bool] = {}
 
 
 def is_library(filename: str) -> bool:
-    """Installed packages, the standard library, frozen modules and this package."""
+    """Installed packages, the standard library, frozen modules and this package.
+
+    Installed means under ``site-packages``/``dist-packages``, or in a package whose
+    distribution metadata sits beside it on another ``sys.path`` entry (``pip install
+    --target DIR`` on ``PYTHONPATH``, Bazel's runfiles), not the working directory or the
+    script's folder (a project's own ``*.egg-info``). A source checkout on ``PYTHONPATH``
+    without metadata is user code.
+    """
     known = _is_library_cache.get(filename)
     if known is None:
         path = os.path.abspath(filename) if not filename.startswith("<") else filename
@@ -108,9 +115,44 @@ def is_library(filename: str) -> bool:
             or (path.startswith(PACKAGE_DIR) and not path.startswith(_CALLBACKS_DIR))
             or bool(_INSTALLED.search(path))
             or path.startswith(_STDLIB_DIRS)
+            or _installed_elsewhere(path)
         )
         _is_library_cache[filename] = known
     return known
+
+
+_installed_names: dict[str, set[str]] = {}  # sys.path entry -> top-level names installed there
+
+
+def _installed_elsewhere(path: str) -> bool:
+    """Whether ``path`` is in a package installed outside ``site-packages``: under a
+    ``sys.path`` entry that holds that package's distribution metadata (``*.dist-info``,
+    ``*.egg-info``), other than the working directory and the script's own folder (where
+    metadata is the user's own project's, an editable install's)."""
+    if path.startswith("<"):
+        return False
+    roots = [os.path.abspath(p or ".") + os.sep for p in sys.path]  # "": the working dir
+    entries = [e for e in roots if path.startswith(e)]
+    if not entries:
+        return False
+    entry = max(entries, key=len)
+    own = {os.getcwd() + os.sep, os.path.dirname(os.path.abspath(sys.argv[0] or ".")) + os.sep}
+    if entry in own or _INSTALLED.search(entry):
+        return False
+    if entry not in _installed_names:
+        _installed_names[entry] = _top_levels_installed_in(entry)
+    return path[len(entry) :].split(os.sep)[0].removesuffix(".py") in _installed_names[entry]
+
+
+def _top_levels_installed_in(folder: str) -> set[str]:
+    """The top-level packages and modules the distributions installed in ``folder`` hold."""
+    import importlib.metadata
+
+    names: set[str] = set()
+    for dist in importlib.metadata.distributions(path=[folder]):
+        listed = (dist.read_text("top_level.txt") or "").split()
+        names.update(listed or {str(f).split("/")[0].removesuffix(".py") for f in dist.files or ()})
+    return names
 
 
 def short_path(filename: str) -> str:

@@ -24,8 +24,10 @@ from gpu_busy.syncs.rules import FACTORIES, DeviceTypeName, means_host, move_tar
 
 COPY = torch.ops.aten.copy_.default
 _NAMES_THE_CPU = re.compile(r"""device\(\s*["']cpu["']\s*\)""")
+_WRITES_CPU = re.compile(r"""["']cpu["']""")
 _NOT_THE_CALLER = (TORCH_DIR, PACKAGE_DIR)
-_named: dict[tuple[str, int], bool] = {}  # by (file, line): whether it writes the CPU
+_SYNCS_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep  # the simulation's own
+_named: dict[tuple[str, int, bool], bool] = {}  # by (file, line, string): writes the CPU
 
 
 class HostMemory:
@@ -38,6 +40,7 @@ class HostMemory:
         self.simulating = self.device_type == "cpu"
         self._host = WeakIdKeyDictionary()  # simulation: tensors that live on the host
         self._mirrors: dict[int, tuple[str, str]] = {}  # see copies_to_host
+        self._host_devices: dict[int, torch.device] = {}  # see devices_on_the_host
 
     @property
     def knows_host_tensors(self) -> bool:
@@ -66,20 +69,40 @@ class HostMemory:
             and not (self.simulating and value in self._host)
         )
 
-    def line_names_the_cpu(self) -> bool:
-        """In the simulation, whether the line that asked for a move (the first frame
-        outside torch and this package) writes ``torch.device("cpu")``: the host by the
-        program's own word, where any other ``torch.device`` stands for the device."""
+    def names_the_host(self, device: Any) -> bool:
+        """In the simulation, whether a move's target means the host. Where a tensor goes
+        follows how its target was made, not what it holds (every device is "cpu" here):
+        a ``torch.device`` the program keeps for the host (``devices_on_the_host``), or the
+        CPU written on the line that asks (``.to("cpu")``, ``torch.device("cpu")``). A
+        variable, ``x.device``, ``self.device``, or a string a function returned stands
+        for the device, as on a GPU it is one."""
+        if isinstance(device, str):
+            # the line that passed the string, torch's own too (Adam's step counter is
+            # torch.tensor(0.0, device="cpu")), this package's (a pinned read to the host)
+            return self._line_writes_the_cpu((_SYNCS_DIR,), string=True)
+        if id(device) in self._host_devices:
+            return True
+        return self._line_writes_the_cpu(_NOT_THE_CALLER, string=False)
+
+    def _line_writes_the_cpu(self, skipped: tuple[str, ...], string: bool) -> bool:
         frame = sys._getframe(1)
-        while frame is not None and frame.f_code.co_filename.startswith(_NOT_THE_CALLER):
+        while frame is not None and frame.f_code.co_filename.startswith(skipped):
             frame = frame.f_back
         if frame is None:
             return False
-        key = (frame.f_code.co_filename, frame.f_lineno)
+        key = (frame.f_code.co_filename, frame.f_lineno, string)
         named = _named.get(key)
         if named is None:
-            named = _named[key] = bool(_NAMES_THE_CPU.search(linecache.getline(*key)))
+            pattern = _WRITES_CPU if string else _NAMES_THE_CPU
+            named = _named[key] = bool(pattern.search(linecache.getline(*key[:2])))
         return named
+
+    def devices_on_the_host(self, *devices: torch.device) -> None:
+        """In the simulation, these ``torch.device`` objects mean the host: the program made
+        them for the host and keeps them (a replay buffer's ``torch.device("cpu")``); a GPU
+        run keeps its device elsewhere, Lightning's ``self.device``."""
+        for device in devices:
+            self._host_devices[id(device)] = device  # held: its id stays its own
 
     def mark_host(self, *tensors: Any) -> None:
         """In the CPU simulation, count these tensors as host memory."""
@@ -251,15 +274,72 @@ def held_outside_parameters(module: torch.nn.Module) -> list[torch.Tensor]:
 
 def refilled_slots(module: torch.nn.Module) -> list[tuple[Any, str]]:
     """The attributes (``(owner, name)``) where ``held_outside_parameters`` found host
-    memory in a container (a list, tuple, deque or dict) or in a helper object: a replay
-    buffer keeps its kind when the program refills it, so ``tensors_in`` of each, at each
-    watched step, is host memory too. A bare tensor attribute of a module is not one: a
-    program may put a device result there (``self.last_loss = loss``)."""
+    memory in a container (a list, tuple, deque or dict) or in a helper object: what a
+    program puts there between watched steps is unseen by the simulation, and takes the
+    kind the slot's tensors had as the last watched step ended (``SlotKinds``). A bare
+    tensor attribute of a module is not one: a program may put a device result there
+    (``self.last_loss = loss``)."""
     slots: dict[tuple[int, str], tuple[Any, str]] = {}
     for _, (owner, name, refilled) in _held(module):
         if refilled:
             slots[(id(owner), name)] = (owner, name)
     return list(slots.values())
+
+
+class SlotKinds:
+    """Where the tensors a program keeps in its slots live, by how they were made.
+
+    A tensor the simulation saw made (in a watched step) keeps its own place, whatever
+    holds it later: torchvision's cell anchors, moved to the device in the first watched
+    step, stay device memory in the list that held them on the host. A tensor made between
+    watched steps, unseen, takes the kind its slot's tensors had as the last watched step
+    ended (host before the first: ``__init__`` made them): a replay buffer refilled from
+    the host every step stays host memory.
+
+    Example::
+
+        kinds = SlotKinds(refilled_slots(module))
+        kinds.window_opens(memory)     # unseen tensors placed
+        ...                            # the watched step
+        kinds.window_closes(memory)    # each slot's kind, and the tensors seen
+    """
+
+    def __init__(self, slots: list[tuple[Any, str]]) -> None:
+        self.slots = slots
+        self._host = {i: True for i in range(len(slots))}  # each slot's kind
+        self._seen = WeakIdKeyDictionary()  # tensors in a slot when a watched step ended
+
+    def window_opens(self, memory: HostMemory) -> None:
+        for i, (owner, name) in enumerate(self.slots):
+            unseen = [t for t in tensors_in(getattr(owner, name, None)) if t not in self._seen]
+            memory._put(unseen, self._host[i])
+
+    def window_closes(self, memory: HostMemory) -> None:
+        for i, (owner, name) in enumerate(self.slots):
+            held = tensors_in(getattr(owner, name, None))
+            if held:
+                self._host[i] = not any(memory.on_device(t) for t in held)
+            for t in held:
+                self._seen[t] = True
+
+
+def held_host_devices(module: torch.nn.Module) -> list[torch.device]:
+    """The ``torch.device("cpu")`` objects a module, its submodules and the user's helper
+    objects keep under public names (a sampler's ``self.host``): made for the host."""
+    out: list[torch.device] = []
+
+    def walk(value: Any, depth: int) -> None:
+        if isinstance(value, torch.device):
+            if value.type == "cpu":
+                out.append(value)
+        elif depth and (isinstance(value, torch.nn.Module) or _users_object(value)):
+            for name, v in vars(value).items():
+                if not name.startswith("_"):
+                    walk(v, depth - 1)
+
+    for m in module.modules():
+        walk(m, 2)
+    return out
 
 
 def tensors_in(value: Any, depth: int = 3) -> list[torch.Tensor]:

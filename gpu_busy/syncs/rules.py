@@ -107,15 +107,16 @@ def index_parts(index: Any) -> tuple:
 
 def means_host(d: Any, device: Any, like: torch.Tensor | None = None) -> bool:
     """Whether a target device is the host. ``.to(other)`` goes where ``other`` is. In the
-    CPU simulation every device is "cpu": a ``"cpu"`` string (and ``.cpu()``) means the
-    host, a ``torch.device`` (``x.device``, ``self.device``) the device, unless the line
-    that asked names the CPU (``.to(torch.device("cpu"))``)."""
+    CPU simulation every device is "cpu": the target means the host where the line that
+    asked writes the CPU (``.to("cpu")``, ``torch.device("cpu")``) or the program keeps
+    that ``torch.device`` for the host; ``x.device``, ``self.device``, a variable, a
+    string a function returned mean the device (``HostMemory.names_the_host``)."""
     if like is not None:
         return not d.on_device(like)
     if device is None:
         return False
-    if d.simulating and not isinstance(device, str):
-        return d.line_names_the_cpu()
+    if d.simulating:
+        return d.names_the_host(device)
     return torch.device(device).type == "cpu"
 
 

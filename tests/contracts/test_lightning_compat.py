@@ -778,3 +778,15 @@ def test_lightnings_files_are_where_the_error_lines_look_for_them():
     assert all(Path(p).exists() for p in files._DEVICE_CHOICE), files._DEVICE_CHOICE
     restore = _CheckpointConnector.restore_training_state.__code__
     assert compat.restores_a_checkpoint(restore.co_filename, restore.co_name)
+
+
+def test_model_checkpoints_version_counter_is_what_decides_an_overwrite():
+    """``never_overwrites`` reads ModelCheckpoint's private flag, which the two methods that
+    name a file consult before writing over one that exists."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    assert compat.never_overwrites(ModelCheckpoint())
+    assert not compat.never_overwrites(ModelCheckpoint(enable_version_counter=False))
+    for method in (ModelCheckpoint._save_last_checkpoint,
+                   ModelCheckpoint._get_metric_interpolated_filepath_name):  # fmt: skip
+        assert "if self._enable_version_counter:" in inspect.getsource(method)

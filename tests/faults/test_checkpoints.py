@@ -212,7 +212,9 @@ def test_checkpoint_callbacks_collide_where_one_folder_gets_one_name_twice(tmp_p
     def made(**kwargs):
         return ModelCheckpoint(**{"dirpath": tmp_path, **kwargs})
 
-    assert colliding([made(), made(monitor="loss")]) == (
+    # Lightning's version counter (on by default) writes the second beside the first
+    assert colliding([made(), made(monitor="loss")]) is None
+    assert colliding([made(), made(monitor="loss", enable_version_counter=False)]) == (
         "ModelCheckpoint(filename=None) and ModelCheckpoint(filename=None) both write "
         f"{{epoch}}-{{step}}.ckpt in {tmp_path}: give one of them another dirpath or filename, "
         "or drop one"
@@ -220,4 +222,24 @@ def test_checkpoint_callbacks_collide_where_one_folder_gets_one_name_twice(tmp_p
     assert colliding([made(), made(monitor="loss", dirpath=tmp_path / "other")]) is None
     assert colliding([made(filename="last", save_last=True)]) is None  # one writer
     assert colliding([made(filename="best"), made(save_top_k=0, save_last=True)]) is None
-    assert "save_last=True" in colliding([made(filename="last"), made(save_last=True)])
+    off = {"enable_version_counter": False}
+    assert "save_last=True" in colliding([made(filename="last", **off), made(save_last=True)])
+
+
+def test_two_default_named_checkpoints_in_one_folder_both_write_with_the_set(tmp_path):
+    """Lightning accepts them (the second's files get -v1): so does the set."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+    from lightning.pytorch.demos.boring_classes import BoringModel
+
+    import gpu_busy
+    from tests.helpers.trainers import quiet_trainer
+
+    folder = tmp_path / "checkpoints"
+    pair = [ModelCheckpoint(dirpath=folder, monitor=m, mode="max") for m in ("epoch", "step")]
+    quiet = {"enable_progress_bar": False, "enable_checkpointing": True}
+    done = gpu_busy.complete(callbacks=pair, settings=quiet)
+    trainer = quiet_trainer(max_epochs=2, limit_train_batches=2, limit_val_batches=1,
+                            logger=False, **quiet, **done.trainer_kwargs)  # fmt: skip
+    trainer.fit(BoringModel())
+    written = sorted(p.name for p in folder.iterdir())
+    assert written == ["epoch=1-step=4-v1.ckpt", "epoch=1-step=4.ckpt"]

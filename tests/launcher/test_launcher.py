@@ -8,6 +8,7 @@ looks for it. ``scripts/user_train.py`` is a plain script as users write them.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import pickle
@@ -164,6 +165,8 @@ def test_the_default_set_pickles_for_ddp_spawn_before_a_fit_and_after_it(tmp_pat
     again = trainer(callbacks=callbacks, plugins=[io])
     again.fit(BoringModel())
     assert again.global_step == 3
+    pickle.dumps(again)  # the whole Trainer, after its fit, as deep-copyable as without us
+    assert copy.deepcopy(again).global_step == 3
 
 
 def test_the_gpu_busy_command_is_the_launcher():

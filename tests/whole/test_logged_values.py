@@ -155,3 +155,19 @@ def test_a_callback_that_reads_progress_bar_metrics_every_batch_is_named_as_the_
     assert site.filename == __file__ and "trainer.progress_bar_metrics" in site.code, site
     assert site.hint.startswith("reading trainer.progress_bar_metrics"), site.hint
     assert site.count == trainer.global_step  # one copy a step for three values
+
+
+def test_every_row_the_set_logs_has_a_step_no_lower_than_the_last_logged(tmp_path):
+    """Weights & Biases drops a row whose step is below the last one logged: the sync
+    detector's counts of a window's earlier watched steps go before the others' rows."""
+    import gpu_busy
+    from template.models import ImageClassifier
+    from tests.helpers.logged_values import RecordLogged
+    from tests.syncs.test_sync_point_detector import _fit
+
+    record = RecordLogged(path=None)
+    _fit(tmp_path, ImageClassifier(width=4), [record, *gpu_busy.defaults()["callbacks"]],
+         limit_train_batches=12, log_every_n_steps=4)  # fmt: skip
+    steps = [step for step, _ in record.handed]
+    assert any("syncs/count" in m for _, m in record.handed), record.handed
+    assert steps == sorted(steps), steps

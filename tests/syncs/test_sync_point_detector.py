@@ -631,11 +631,20 @@ class RefillsItsBuffer(HelperReplay):
         return self.sampler.sample(self.device)
 
 
-def test_a_buffer_a_helper_refills_every_step_is_host_memory_at_every_watched_step(tmp_path):
-    detector = SyncPointDetector(first_steps=100)
+@pytest.mark.parametrize("watched", [range(6), (0, 3, 5)])
+def test_a_buffer_a_helper_refills_every_step_is_host_memory_at_every_watched_step(
+    tmp_path, watched
+):
+    """The energy-based model's two copies a step, to the device and back, in every watched
+    step: those the buffer was refilled in, and those after unwatched refills."""
+    detector = SyncPointDetector(first_steps=1)
+    detector.schedule.should_watch = lambda step: step in watched
     _fit(tmp_path, RefillsItsBuffer(width=4), [detector], limit_train_batches=6)
-    (site,) = [s for s in detector.table.sites.values() if "torch.cat([fresh" in s.code]
-    assert site.count == 6 and "copy" in site.op.lower(), site.op
+    copies = [s for s in detector.table.sites.values() if "copy" in s.op.lower()]
+    assert sorted(s.op for s in copies) == [
+        "Tensor.to (a blocking copy to the device)", "Tensor.to (a blocking copy to the host)"
+    ]  # fmt: skip
+    assert [s.count for s in copies] == [len(watched)] * 2
 
 
 class _Graph:

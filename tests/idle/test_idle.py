@@ -744,3 +744,25 @@ def test_a_detector_window_closing_while_the_marks_are_open_leaves_them_hearing(
         ]
         marks.close()
     assert owner.synchronize is original and calls == ["synced", "synced"]
+
+
+def test_a_clock_that_runs_dry_in_a_batch_layer_fails_the_fit_instead_of_ending_every_epoch(
+    tmp_path,
+):
+    """Lightning's own throughput test mocks ``time.perf_counter`` with six values: the
+    idle monitor's read layer then raised StopIteration, which ended every epoch at once,
+    and a fit bounded by max_steps alone ran empty epochs for ever."""
+    from unittest import mock
+
+    import lightning.pytorch as pl
+    import pytest
+    from lightning.pytorch.demos.boring_classes import BoringModel
+
+    from gpu_busy.callbacks import IdleTimeMonitor
+
+    trainer = pl.Trainer(max_steps=5, logger=False, enable_progress_bar=False,
+                         enable_checkpointing=False, default_root_dir=tmp_path,
+                         callbacks=[IdleTimeMonitor()])  # fmt: skip
+    clock = mock.patch("time.perf_counter", side_effect=[0.0] + [0.5 + i for i in range(1, 6)])
+    with clock, pytest.raises(RuntimeError, match="raised StopIteration before the data ended"):
+        trainer.fit(BoringModel())

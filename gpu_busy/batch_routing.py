@@ -37,7 +37,6 @@ def _routed_class(base: type) -> type:
         class Routed(base):
             _routing_base = base
             _routing_iterator: Iterator | None = None
-            _routing_source: Iterator | None = None
 
             def __iter__(self):
                 self._routing_iterator = None
@@ -45,20 +44,11 @@ def _routed_class(base: type) -> type:
 
             def __next__(self):
                 if self._routing_iterator is None:
-                    self._routing_source = items = _Source(_own_items(self, base))
+                    items = _own_items(self, base)
                     for _, make_iterator in sorted(self._routing_layers.values(), key=_by_position):
                         items = make_iterator(items)
                     self._routing_iterator = items
-                try:
-                    return next(self._routing_iterator)
-                except StopIteration:
-                    if self._routing_source.ended:
-                        raise
-                    # a layer's own StopIteration (a mocked clock run dry) would end every
-                    # epoch at once, a fit of empty epochs that never ends
-                    raise RuntimeError(
-                        "gpu_busy: a batch layer raised StopIteration before the data ended"
-                    ) from None
+                return next(self._routing_iterator)
 
             def reset(self) -> None:
                 self._routing_iterator = None
@@ -67,22 +57,6 @@ def _routed_class(base: type) -> type:
         Routed.__name__ = Routed.__qualname__ = f"Routed{base.__name__}"
         _routed_classes[base] = Routed
     return _routed_classes[base]
-
-
-class _Source(Iterator):
-    """The loader's own items; ``ended`` once they have (not a layer above them)."""
-
-    ended = False
-
-    def __init__(self, items: Iterator) -> None:
-        self._items = items
-
-    def __next__(self) -> Any:
-        try:
-            return next(self._items)
-        except StopIteration:
-            self.ended = True
-            raise
 
 
 def _own_items(loader: Any, base: type) -> Iterator:

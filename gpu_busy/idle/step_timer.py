@@ -376,11 +376,21 @@ class TimedReads(Iterator):
         self._timer = timer
 
     def __next__(self) -> Any:
-        t0 = time.perf_counter()
+        t0 = _now()
         try:
             item = next(self._source)
         finally:
             # The read that ends the epoch is a wait for the DataLoader too (its shutdown):
             # before the last step, Lightning's one-ahead fetch makes only that read.
-            self._timer.loader_wait(t0, time.perf_counter())
+            self._timer.loader_wait(t0, _now())
         return item
+
+
+def _now() -> float:
+    """``time.perf_counter()``; a clock a test mocked with too few values raises
+    StopIteration, which from a read would end every epoch at once (a fit bounded by
+    max_steps alone then runs empty epochs for ever): an error instead."""
+    try:
+        return time.perf_counter()
+    except StopIteration:
+        raise RuntimeError("gpu_busy: time.perf_counter() raised StopIteration") from None

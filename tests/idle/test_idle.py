@@ -764,5 +764,5 @@ def test_a_clock_that_runs_dry_in_a_batch_layer_fails_the_fit_instead_of_ending_
                          enable_checkpointing=False, default_root_dir=tmp_path,
                          callbacks=[IdleTimeMonitor()])  # fmt: skip
     clock = mock.patch("time.perf_counter", side_effect=[0.0] + [0.5 + i for i in range(1, 6)])
-    with clock, pytest.raises(RuntimeError, match="raised StopIteration before the data ended"):
+    with clock, pytest.raises(RuntimeError, match=r"perf_counter\(\) raised StopIteration"):
         trainer.fit(BoringModel())

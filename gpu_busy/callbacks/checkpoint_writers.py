@@ -49,8 +49,8 @@ def colliding(callbacks: list) -> str | None:
     counter that would write beside the other's file), or None."""
     writers: dict[tuple[str, str], tuple[ModelCheckpoint, str]] = {}
     for callback in callbacks:
-        if not isinstance(callback, ModelCheckpoint) or callback.dirpath is None:
-            continue
+        if not isinstance(callback, ModelCheckpoint) or getattr(callback, "dirpath", None) is None:
+            continue  # no folder yet, or a stand-in (a Mock of the class) without one
         folder = os.path.realpath(callback.dirpath)
         for name, described in _names(callback):
             key = (folder, name + callback.FILE_EXTENSION)

@@ -102,8 +102,21 @@ CALLBACKS: tuple[Default, ...] = (
 # thread from a snapshot of the state: training waits only for the snapshot
 # (gpu_busy.checkpoint_io.AtomicCheckpointIO instead: the loop waits for the whole write).
 PLUGINS: tuple[Default, ...] = (
-    Default("BackgroundCheckpointIO", CheckpointIO, lambda o: BackgroundCheckpointIO()),
+    Default(
+        "BackgroundCheckpointIO",
+        CheckpointIO,
+        lambda o: BackgroundCheckpointIO(),
+        lambda o, settings: not _on_xla(settings),
+    ),
 )
+
+
+def _on_xla(settings: dict) -> bool:
+    """Whether the Trainer runs on TPUs: Lightning's XLA strategy refuses any checkpoint IO
+    but its own ``XLACheckpointIO`` (``strategies/xla.py``)."""
+    asked = (settings.get("accelerator"), settings.get("strategy"))
+    names = " ".join(v if isinstance(v, str) else type(v).__name__ for v in asked if v)
+    return "xla" in names.lower() or "tpu" in names.lower()
 
 
 @dataclass

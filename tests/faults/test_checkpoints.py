@@ -243,3 +243,19 @@ def test_two_default_named_checkpoints_in_one_folder_both_write_with_the_set(tmp
     trainer.fit(BoringModel())
     written = sorted(p.name for p in folder.iterdir())
     assert written == ["epoch=1-step=4-v1.ckpt", "epoch=1-step=4.ckpt"]
+
+
+def test_on_tpus_the_set_leaves_the_checkpoint_io_to_xla_and_a_mock_checkpoint_is_passed_over():
+    """Lightning's XLA strategy takes only its own XLACheckpointIO; a test's Mock of
+    ModelCheckpoint has no folder (both found running Lightning's own tests)."""
+    from unittest.mock import Mock
+
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    import gpu_busy
+    from gpu_busy.callbacks.checkpoint_writers import colliding
+
+    done = gpu_busy.complete(settings={"accelerator": "tpu"})
+    assert done.plugins == [] and "BackgroundCheckpointIO" in done.left_out
+    assert gpu_busy.complete(settings={"accelerator": "cpu"}).plugins
+    assert colliding([Mock(spec=ModelCheckpoint), ModelCheckpoint(dirpath=".")]) is None

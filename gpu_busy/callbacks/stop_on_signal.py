@@ -107,13 +107,10 @@ class StopOnSignal(compat.Callback):
         # scheduler signals every rank.
         if self.request.requested and not trainer.sanity_checking:
             stage = _STAGES.get(str(trainer.state.stage.value), str(trainer.state.stage.value))
-            self._stop_unsaved(trainer, f"in {stage}")
+            raise self._unsaved(trainer, f"in {stage}")
 
     def _overdue(self, trainer: pl.Trainer) -> TrainingStopped:
         return self._unsaved(trainer, f"no batch ended within {self.wait:g} s of it")
-
-    def _stop_unsaved(self, trainer: pl.Trainer, why: str) -> None:
-        raise self._unsaved(trainer, why)
 
     def _unsaved(self, trainer: pl.Trainer, why: str) -> TrainingStopped:
         self._stopped = True

@@ -5,8 +5,9 @@
 #                                         STRATEGY= is passed to Lightning by name
 # make train CONFIG=configs/cifar10.yaml ARGS="--trainer.max_epochs=1"
 # make train RUNS=/scratch/me/runs       runs (logs, checkpoints, reports) there, not in runs/
-# make test                      the test suite: CPU tests in workers, then GPU tests alone where CUDA is
-# make test-quick                the same without the subprocess/DDP/learning tests
+# make test                      what a change to template/ or configs/ can break (tests/tiers.py),
+#                                and every GPU test where CUDA is
+# make test-all                  the whole suite: the measuring library's own tests too
 # make bench [QUICK=1]           the benchmark suite; results in runs/bench/bench.json
 # make compare A=runs/default/version_0 B=runs/default/version_1 [THRESHOLD=0.05] [SYNC_THRESHOLD=0]
 #                                two runs side by side; exit 1 when B fails a gate: throughput
@@ -39,7 +40,7 @@ ARGS ?=
 # Where runs are written (the logger's save_dir); empty: what the config says (runs/).
 RUNS ?=
 PYTEST_ARGS ?=
-# CPU tests: pytest-xdist workers, one per core and one more for the whole suite
+# CPU tests: pytest-xdist workers, one per core and one more
 # (scripts/run_tests.py); the GPU tests run after them in one process, since they time the
 # device. TEST_WORKERS=0 runs the suite in this process.
 TEST_WORKERS ?= auto
@@ -67,7 +68,7 @@ SKIP ?=
 
 INSTALL_FROM := $(if $(WHEELHOUSE),--no-index --find-links $(WHEELHOUSE))
 
-.PHONY: install train test test-quick bench compare lint format clean lock wheelhouse
+.PHONY: install train test test-all bench compare lint format clean lock wheelhouse
 
 install: $(STAMP)
 
@@ -89,7 +90,7 @@ $(STAMP): pyproject.toml $(LOCK)
 	@touch $(STAMP)
 
 # Re-resolve on purpose: the newest versions pyproject.toml allows, in a fresh venv; then
-# run `make test` and commit requirements.lock if it passes.
+# run `make test-all` and commit requirements.lock if it passes.
 lock:
 	rm -rf .lock-venv && $(PYTHON) -m venv .lock-venv
 	.lock-venv/bin/python -m pip install --quiet uv
@@ -97,7 +98,7 @@ lock:
 	{ grep '^#' requirements.lock; \
 	  .lock-venv/bin/python -m pip freeze --exclude-editable; } > requirements.lock.new
 	mv requirements.lock.new requirements.lock && rm -rf .lock-venv
-	@echo "requirements.lock re-resolved: run make test, then commit it"
+	@echo "requirements.lock re-resolved: run make test-all, then commit it"
 
 wheelhouse:
 	@test -n "$(WHEELHOUSE)" || { echo "error: say where: make wheelhouse WHEELHOUSE=dir" >&2; exit 2; }
@@ -140,8 +141,8 @@ train: install
 test: install
 	$(PY) scripts/run_tests.py --workers $(TEST_WORKERS) $(PYTEST_ARGS)
 
-test-quick: install
-	$(PY) scripts/run_tests.py --quick --workers $(TEST_WORKERS) $(PYTEST_ARGS)
+test-all: install
+	$(PY) scripts/run_tests.py --all --workers $(TEST_WORKERS) $(PYTEST_ARGS)
 
 bench: install
 	$(PY) -m bench $(if $(QUICK),--quick) --out $(BENCH_OUT)

@@ -157,6 +157,27 @@ def run_entry_point(
     )
 
 
+ADDED = "gpu_busy: added"  # the launcher's first line, once a Trainer has the set
+
+
+def launcher_env(**extra: str) -> dict[str, str]:
+    """This environment for ``python -m gpu_busy run``: the project importable, output
+    unbuffered, and none of the options or rank variables this run may hold."""
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1", **extra}
+    for name in ("GPU_BUSY_STRICT_SYNCS", "GPU_BUSY_MONITOR", "LOCAL_RANK", "RANK"):
+        if name not in extra:
+            env.pop(name, None)
+    return env
+
+
+def run_launcher(args: list[str], cwd: Path, **env: str):
+    """``python -m gpu_busy run ARGS``, in ``cwd``, with ``env`` added."""
+    command = [sys.executable, "-m", "gpu_busy", "run", *args]
+    return subprocess.run(command, cwd=cwd, env=launcher_env(**env), capture_output=True,
+                          text=True, timeout=HANG_S)  # fmt: skip
+
+
 _REPORTS = ("run.json", "syncs.json", "idle.json", "idle.png", "throughput.json", "prefetch.json")
 
 

@@ -580,7 +580,7 @@ def test_on_a_gpu_runner_make_test_runs_the_cpu_tests_in_workers_then_the_gpu_te
         "@pytest.mark.gpu\ndef test_gpu():\n    assert not os.environ.get('PYTEST_XDIST_WORKER')\n"
     )
     # without the project's pytest plugin: it imports torch in every process
-    script = [sys.executable, str(ROOT / "scripts" / "run_tests.py"), "--workers", "2",
+    script = [sys.executable, str(ROOT / "scripts" / "run_tests.py"), "--all", "--workers", "2",
               "-p", "no:gpu_busy"]  # fmt: skip
     # not this run's own worker variables: the tests below read where they run
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
@@ -601,8 +601,24 @@ def test_on_a_gpu_runner_make_test_runs_the_cpu_tests_in_workers_then_the_gpu_te
     )
     failed = subprocess.run(script, capture_output=True, text=True, env=env, cwd=tmp_path)
     assert failed.returncode == 1, failed.stdout[-2000:]  # the CPU run had no test: 5
-    assert subprocess.run([*script, "--quick", "-k", "no_such_test"], capture_output=True,
+    assert subprocess.run([*script, "-k", "no_such_test"], capture_output=True,
                           env=env, cwd=tmp_path).returncode == 5  # fmt: skip
+
+
+def test_every_test_file_is_in_one_tier_and_make_test_runs_the_users():
+    """tests/tiers.py names each test file once, in the user's tier (make test) or the
+    library's (make test-all adds it): a new file is placed before it runs anywhere."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from run_tests import user_tier
+
+    from tests.tiers import LIBRARY, USER
+
+    found = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").rglob("test_*.py"))
+    listed = [*USER, *LIBRARY]
+    assert sorted(set(listed)) == sorted(listed), "a file in both tiers, or twice"
+    assert sorted(listed) == found, (set(found) - set(listed), set(listed) - set(found))
+    assert user_tier(["-q"]) == [str(ROOT / name) for name in USER]
+    assert user_tier(["-q", str(ROOT / "tests" / "idle")]) == []  # a path given runs that
 
 
 @pytest.mark.slow

@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import HANG_S
-from tests.launcher.test_launcher import ADDED, _env
+from tests.conftest import ADDED, HANG_S
+from tests.conftest import launcher_env as _env
 
 pytest.importorskip("hydra", reason="the hydra extra: pip install -e '.[hydra]'")
 pytest.importorskip("rich", reason="the hydra extra: pip install -e '.[hydra]'")

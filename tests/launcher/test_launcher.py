@@ -22,27 +22,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import HANG_S, ROOT
+from tests.conftest import ADDED, HANG_S, ROOT
+from tests.conftest import launcher_env as _env
+from tests.conftest import run_launcher as launch
 
 HERE = Path(__file__).parent
 USER = HERE / "scripts" / "user_train.py"
-ADDED = "gpu_busy: added"
-
-
-def _env(**extra: str) -> dict[str, str]:
-    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
-    env = {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1", **extra}
-    for name in ("GPU_BUSY_STRICT_SYNCS", "GPU_BUSY_MONITOR", "LOCAL_RANK", "RANK"):
-        if name not in extra:
-            env.pop(name, None)
-    return env
-
-
-def launch(args: list[str], cwd: Path, **env: str):
-    """``python -m gpu_busy run ARGS``, in ``cwd``, with ``env`` added."""
-    command = [sys.executable, "-m", "gpu_busy", "run", *args]
-    return subprocess.run(command, cwd=cwd, env=_env(**env), capture_output=True, text=True,
-                          timeout=HANG_S)  # fmt: skip
 
 
 def _mnist(root: Path) -> None:
@@ -86,14 +71,9 @@ def test_lightnings_cli_examples_run_unchanged_with_the_summary(tmp_path, name):
 
 
 @pytest.mark.slow
-def test_a_plain_script_keeps_its_output_and_its_errors(tmp_path):
-    """Lightning's bug-report script (a plain Trainer); and a script that raises: exit 1, and
-    the traceback Python prints without the launcher, from the script's own frame."""
-    script = tmp_path / "bug_report_model.py"
-    shutil.copy(HERE / "lightning_examples" / "bug_report_model.py", script)
-    ran = launch([str(script)], cwd=tmp_path)
-    assert ran.returncode == 0, ran.stderr[-3000:]
-    assert ran.stderr.count(ADDED) == 1 and "fit done" in ran.stderr, ran.stderr[-3000:]
+def test_a_script_that_raises_keeps_its_traceback_and_exit_1(tmp_path):
+    """The traceback Python prints without the launcher, from the script's own frame (a
+    script that runs: tests/template/test_any_script.py)."""
     raised = launch([str(USER)], tmp_path, USER_TRAIN_RAISE="1")
     assert raised.returncode == 1, raised.stderr[-3000:]
     lines = raised.stderr.strip().splitlines()

@@ -6,10 +6,6 @@ line; clean cases must report nothing.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 import torch
@@ -19,7 +15,7 @@ from gpu_busy.syncs import SyncError, assert_no_syncs, detect_syncs
 from gpu_busy.syncs.detector import SyncDetector
 from gpu_busy.syncs.sampling import WatchSchedule
 from gpu_busy.syncs.sites import SyncSiteTable, fix_hint
-from tests.conftest import HANG_S, ROOT
+from tests.conftest import ROOT
 
 # Made before any detector is entered, like a model's parameters or a transferred batch:
 # device memory in the CPU simulation. Tensors a case makes itself without device= are
@@ -703,20 +699,6 @@ def test_an_optimizers_step_counters_are_host_memory_however_they_were_made():
     with detect_syncs(device_type="cpu") as rec:
         step(capturable)  # its counters live on the device and are read there: no .item()
     assert rec.internal_errors == 0
-
-
-@pytest.mark.slow
-def test_readmes_test_file_for_your_own_model_passes(tmp_path):
-    """README's example test file, run by pytest as a user would run it."""
-    text = (ROOT / "README.md").read_text()
-    start = text.index("# tests/test_my_model.py")
-    (tmp_path / "test_my_model.py").write_text(text[start : text.index("```", start)])
-    result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_my_model.py"],
-        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True,
-        text=True, timeout=HANG_S,
-    )  # fmt: skip
-    assert result.returncode == 0 and "2 passed" in result.stdout, result.stdout[-3000:]
 
 
 def test_the_layers_use_only_the_detectors_declared_members_and_it_holds_its_memory():

@@ -4,6 +4,8 @@ sees what Lightning alone would show it (``lightning_compat.prog_bar_numbers_whe
 
 from __future__ import annotations
 
+import json
+
 import lightning.pytorch as pl
 import pytest
 import torch
@@ -13,6 +15,7 @@ from lightning.pytorch.demos.boring_classes import BoringModel
 
 from bench.logged_reads import LOGGED_VALUE_READERS, ThreeOnTheBar, counted_fit
 from gpu_busy.callbacks import LoggingStepProgressBar, SyncPointDetector
+from tests.conftest import DEBUG, DEFAULT, run_entry_point
 from tests.helpers.logged_values import RecordLogged
 from tests.helpers.trainers import quiet_trainer
 
@@ -171,3 +174,38 @@ def test_every_row_the_set_logs_has_a_step_no_lower_than_the_last_logged(tmp_pat
     steps = [step for step, _ in record.handed]
     assert any("syncs/count" in m for _, m in record.handed), record.handed
     assert steps == sorted(steps), steps
+
+
+@pytest.mark.slow
+def test_values_logged_with_sync_dist_reach_the_loggers_as_lightning_alone_hands_them(tmp_path):
+    """prog_bar=True values reduced over two ranks: the template (its bar, which converts
+    them when read and hands the loggers one copy) against Lightning's own callbacks only."""
+    common = [
+        "fit", "--config", DEFAULT, "--config", DEBUG,
+        "--trainer.accelerator=cpu", "--trainer.devices=2",
+        "--model=tests.helpers.logged_values.SyncDistLogs",
+        "--data=lightning.pytorch.demos.boring_classes.BoringDataModule",
+        "--trainer.limit_train_batches=6", "--trainer.max_epochs=2",
+        "--trainer.log_every_n_steps=2",
+    ]  # fmt: skip
+    record = "tests.helpers.logged_values.RecordLogged"
+    runs = {
+        "template": [*common, f"--trainer.callbacks+={record}"],
+        "lightning": [*common, f"--trainer.callbacks=[{{class_path: {record}}}]"],
+    }
+    seen = {}
+    for name, args in runs.items():
+        (tmp_path / name).mkdir()
+        result = run_entry_point(args, cwd=tmp_path / name)
+        assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+        saved = json.loads((tmp_path / name / "logged.json").read_text())
+        ours = ("pb/", "val/")  # the module's values, not the template's own figures
+        seen[name] = (
+            [[step, {k: v for k, v in m.items() if k.startswith(ours) or k == "epoch"}]
+             for step, m in saved["handed"] if any(k.startswith(ours) for k in m)],
+            {k: v for k, v in saved["callback_metrics"].items() if k.startswith(ours)},
+        )  # fmt: skip
+    assert seen["template"] == seen["lightning"]
+    handed, end = seen["template"]
+    assert len(handed) >= 6 and all(m["pb/rank"] == 0.5 for _, m in handed if "pb/rank" in m)
+    assert {"pb/both_epoch", "val/loss"} <= end.keys()

@@ -88,38 +88,3 @@ def test_two_rank_cpu_ddp_trains_disjoint_shards_and_logs_once(tmp_path):
     assert versions == ["version_0"]
     assert (tmp_path / "runs" / "debug" / "version_0" / "config.yaml").is_file()
     assert (tmp_path / "runs" / "debug" / "version_0" / "checkpoints" / "last.ckpt").is_file()
-
-
-@pytest.mark.slow
-def test_values_logged_with_sync_dist_reach_the_loggers_as_lightning_alone_hands_them(tmp_path):
-    """prog_bar=True values reduced over two ranks: the template (its bar, which converts
-    them when read and hands the loggers one copy) against Lightning's own callbacks only."""
-    common = [
-        "fit", "--config", DEFAULT, "--config", DEBUG,
-        "--trainer.accelerator=cpu", "--trainer.devices=2",
-        "--model=tests.helpers.logged_values.SyncDistLogs",
-        "--data=lightning.pytorch.demos.boring_classes.BoringDataModule",
-        "--trainer.limit_train_batches=6", "--trainer.max_epochs=2",
-        "--trainer.log_every_n_steps=2",
-    ]  # fmt: skip
-    record = "tests.helpers.logged_values.RecordLogged"
-    runs = {
-        "template": [*common, f"--trainer.callbacks+={record}"],
-        "lightning": [*common, f"--trainer.callbacks=[{{class_path: {record}}}]"],
-    }
-    seen = {}
-    for name, args in runs.items():
-        (tmp_path / name).mkdir()
-        result = run_entry_point(args, cwd=tmp_path / name)
-        assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
-        saved = json.loads((tmp_path / name / "logged.json").read_text())
-        ours = ("pb/", "val/")  # the module's values, not the template's own figures
-        seen[name] = (
-            [[step, {k: v for k, v in m.items() if k.startswith(ours) or k == "epoch"}]
-             for step, m in saved["handed"] if any(k.startswith(ours) for k in m)],
-            {k: v for k, v in saved["callback_metrics"].items() if k.startswith(ours)},
-        )  # fmt: skip
-    assert seen["template"] == seen["lightning"]
-    handed, end = seen["template"]
-    assert len(handed) >= 6 and all(m["pb/rank"] == 0.5 for _, m in handed if "pb/rank" in m)
-    assert {"pb/both_epoch", "val/loss"} <= end.keys()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 import subprocess
 from pathlib import Path
 
@@ -104,6 +105,16 @@ def test_default_pipeline_learns_far_above_chance(in_tmp):
     rows = read_metrics(in_tmp / "runs" / "default" / "version_0")
     final = [float(r["val/acc"]) for r in rows if r["val/acc"]][-1]
     assert final > 0.5, final
+
+
+def test_the_default_fit_passes_the_strict_sync_check(in_tmp):
+    """What CI checks of your model without a GPU: no step past the first makes the host wait
+    for the device (an ``.item()`` in ``training_step`` fails this fit at its line)."""
+    steps = ["--trainer.limit_train_batches=8", "--trainer.log_every_n_steps=4"]
+    assert fit("--config", DEBUG, "--gpu_busy.strict=true", *steps) == 0
+    report = json.loads((in_tmp / "runs" / "debug" / "version_0" / "syncs.json").read_text())
+    assert report["summary"]["watched_batches"] >= 1, report["summary"]
+    assert report["summary"]["steady_syncs_per_batch"] == 0, report["sites"]
 
 
 def test_resume_from_last_checkpoint_continues_the_run(in_tmp, capsys):

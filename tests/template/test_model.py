@@ -1,10 +1,15 @@
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
 from gpu_busy.errors import UserError
 from template.models import ImageClassifier, cifar_resnet
+from tests.conftest import HANG_S, ROOT
 
 
 def test_resnet18_layout_and_width():
@@ -100,3 +105,17 @@ def test_a_sharded_model_keeps_contiguous_weights_on_cuda(asked):
     model._device_mesh = None  # one GPU, no sharding: channels-last as before
     model.setup("fit")
     assert not all(p.is_contiguous() for p in model.net.parameters() if p.ndim == 4)
+
+
+@pytest.mark.slow
+def test_readmes_test_file_for_your_own_model_passes(tmp_path):
+    """README's example test file, run by pytest as a user would run it."""
+    text = (ROOT / "README.md").read_text()
+    start = text.index("# tests/test_my_model.py")
+    (tmp_path / "test_my_model.py").write_text(text[start : text.index("```", start)])
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_my_model.py"],
+        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True,
+        text=True, timeout=HANG_S,
+    )  # fmt: skip
+    assert result.returncode == 0 and "2 passed" in result.stdout, result.stdout[-3000:]

@@ -2,7 +2,7 @@
 
 CI runs this after ``make test`` on a fresh clone (``.ci/run``), so a command README
 shows cannot rot. Lines run one at a time in bash from the project root; a ``NAME=value``
-line is kept for the lines after it. ``make test`` is skipped (CI has just run it). A
+line is kept for the lines after it. ``make test`` and ``make test-all`` are CI's own steps. A
 command that asks for more GPUs than the machine has (``GPUS=N``) must fail the way
 README says: before any process starts, with one ``error:`` line. ``make compare`` fails
 when B fails a gate, which is a finding, not a failure of the command: its last line
@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SKIP = {"make test", "make test-quick"}  # CI's own steps, timed just before this one
+SKIP = {"make test", "make test-all"}  # CI's own steps, timed around this one
 
 
 def commands(text: str) -> list[str]:

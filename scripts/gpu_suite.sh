@@ -9,8 +9,8 @@
 #
 #   bash scripts/gpu_suite.sh [OUT_DIR]          SUITE_S=600 for more time
 #
-# Uses .venv/bin/python when it exists, else python3: a machine with torch, lightning,
-# torchmetrics and torchvision installed runs it (nothing is downloaded). Every GPU test
+# Uses SUITE_PYTHON if given, else .venv/bin/python when it exists, else python3: a machine
+# with torch, lightning, torchmetrics and torchvision installed runs it (nothing is downloaded). Every GPU test
 # and benchmark part is a required check: one that skips or says "not run" fails the
 # suite, and the last line says "required GPU checks: N run, M skipped". On a machine
 # without a network, WHEELHOUSE=dir installs the missing pieces first from a folder made
@@ -21,6 +21,7 @@ out="${1:-runs/gpu_suite}"
 mkdir -p "$out"
 py=python3
 [ -x .venv/bin/python ] && py=.venv/bin/python
+py=${SUITE_PYTHON:-$py}
 export PYTHONUNBUFFERED=1
 budget=${SUITE_S:-480}
 kill_after=${KILL_AFTER_S:-20}  # a part's SIGKILL after its SIGTERM, inside the total

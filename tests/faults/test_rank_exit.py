@@ -140,13 +140,14 @@ def test_ddp_spawn_ranks_through_the_entry_point_pickle_and_end_with_0(tmp_path)
 
 
 @pytest.mark.slow
-def test_the_stress_loop_once_each_way_ends_every_rank_on_time(tmp_path):
-    """scripts/stress_ranks.py, one run of each launcher and a failing rank (the 20-run
-    loop on a loaded machine is outside the suite: docs/BENCHMARKS.md)."""
+def test_the_stress_loop_once_for_the_ways_no_other_test_starts_ends_every_rank(tmp_path):
+    """scripts/stress_ranks.py, one run of each way no other test starts: a rank failing
+    under two torchrun agents and under ``ddp_spawn`` (the loop of every kind on a loaded
+    machine is outside the suite, with its own command: docs/BENCHMARKS.md)."""
     result = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "stress_ranks.py"), "--runs", "1", "--load", "0",
-         "--kinds", "lightning-sharded", "torchrun-ddp", "torchrun-fail", "spawn-fail"],
+         "--kinds", "torchrun-fail", "spawn-fail"],
         cwd=tmp_path, capture_output=True, text=True, timeout=HANG_S,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
-    assert result.stdout.count(": ok") == 4, result.stdout
+    assert result.stdout.count(": ok") == 2, result.stdout

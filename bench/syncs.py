@@ -45,6 +45,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -118,8 +119,10 @@ def fit(device: str, steps: int, callbacks: list, model_class=Classifier) -> Non
 
 def trainer_for(device: str, steps: int, callbacks: list, log_every_n_steps: int = 10):
     """A Trainer for timing: no validation, logger, checkpoints or summary; a bar only if
-    ``callbacks`` has one."""
+    ``callbacks`` has one. The default set's reports go to a folder of their own, where
+    Lightning would use the working directory (the project's root under ``make bench``)."""
     return pl.Trainer(
+        default_root_dir=tempfile.mkdtemp(prefix="bench-reports-"),
         accelerator=device,
         devices=1,
         precision=_setup(device)["precision"],

@@ -73,6 +73,8 @@ def test_quick_suite_runs_on_the_cpu_without_the_example_and_ends_with_its_table
     assert host["loop"]["step_ms"]["lightning"] > host["loop"]["step_ms"]["plain"] > 0
     assert "default callbacks' host cost" in rows
     assert results["machine"]["command"].startswith("python -m bench")
+    # the fits' reports stay out of the project (they were once committed from its root)
+    assert not [p.name for p in project.iterdir() if p.suffix in (".json", ".png")]
 
 
 def test_the_start_up_benchmark_launches_the_package_cli_on_its_own_workload(tmp_path):

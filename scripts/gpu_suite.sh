@@ -9,12 +9,12 @@
 #
 #   bash scripts/gpu_suite.sh [OUT_DIR]          SUITE_S=600 for more time
 #
-# Uses SUITE_PYTHON if given, else .venv/bin/python when it exists, else python3: a machine
-# with torch, lightning, torchmetrics and torchvision installed runs it (nothing is downloaded). Every GPU test
-# and benchmark part is a required check: one that skips or says "not run" fails the
-# suite, and the last line says "required GPU checks: N run, M skipped". On a machine
-# without a network, WHEELHOUSE=dir installs the missing pieces first from a folder made
-# elsewhere (README, "Development": make wheelhouse, then one call).
+# Uses SUITE_PYTHON if given, else .venv/bin/python when it exists, else python3: a
+# machine with torch, lightning, torchmetrics and torchvision installed runs it (nothing is
+# downloaded). Every GPU test and benchmark part is a required check: one that skips or
+# says "not run" fails the suite, and the last line says "required GPU checks: N run, M
+# skipped". On a machine without a network, WHEELHOUSE=dir installs the missing pieces
+# first from a folder made elsewhere (README, "Development": make wheelhouse, then one call).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${1:-runs/gpu_suite}"

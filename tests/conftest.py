@@ -143,13 +143,10 @@ def run_entry_point(
     """Run ``python -m template.train`` as a user would; returns the CompletedProcess.
     ``new_session``: in a process group of its own, which the run may signal whole."""
     needs_cli()
-    # The project first, then what the caller's path held (packages carried to a machine)
-    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
-    full_env = {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1", **(env or {})}
     return subprocess.run(
         [sys.executable, "-m", "template.train", *args],
         cwd=cwd,
-        env=full_env,
+        env=project_env(**(env or {})),
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -160,11 +157,17 @@ def run_entry_point(
 ADDED = "gpu_busy: added"  # the launcher's first line, once a Trainer has the set
 
 
-def launcher_env(**extra: str) -> dict[str, str]:
-    """This environment for ``python -m gpu_busy run``: the project importable, output
-    unbuffered, and none of the options or rank variables this run may hold."""
+def project_env(**extra: str) -> dict[str, str]:
+    """This environment with the project importable first, then what the caller's path held
+    (packages carried to a machine), output unbuffered, and ``extra``."""
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
-    env = {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1", **extra}
+    return {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1", **extra}
+
+
+def launcher_env(**extra: str) -> dict[str, str]:
+    """``project_env`` for ``python -m gpu_busy run``, without the options or rank
+    variables this run may hold."""
+    env = project_env(**extra)
     for name in ("GPU_BUSY_STRICT_SYNCS", "GPU_BUSY_MONITOR", "LOCAL_RANK", "RANK"):
         if name not in extra:
             env.pop(name, None)
